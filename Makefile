@@ -1,0 +1,44 @@
+# Two commands for a newcomer: `make lab` (or `make run`) to use the series, `make test` to check it.
+# Everything is installed into .venv from requirements.txt; nothing outside it is touched.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+NBVAL  := --nbval --nbval-current-env --sanitize-with notebooks/nbval_sanitize.cfg
+
+.PHONY: install lab run test unit nbval outputs clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name mha-tutorial --display-name "Python (mha-tutorial)" >/dev/null
+	touch $(STAMP)
+
+## Work through the series in JupyterLab.
+lab: install
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+## Execute every notebook headless (on the GPU when there is one) into build/notebooks/.
+run: install
+	$(PY) -m mha_tutorial.run_notebooks --out build/notebooks $(NOTEBOOKS)
+
+## Unit tests, then strict nbval over every notebook (committed outputs must match).
+test: unit nbval
+
+unit: install
+	$(PY) -m pytest -q tests
+
+nbval: install
+	$(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
+
+## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does).
+outputs: install
+	CUDA_VISIBLE_DEVICES= $(PY) -m mha_tutorial.run_notebooks --inplace $(NOTEBOOKS)
+
+clean:
+	rm -rf build .pytest_cache .hypothesis

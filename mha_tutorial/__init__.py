@@ -1,0 +1,40 @@
+"""mha_tutorial: the attention code that the notebooks build, in its final form.
+
+Notebook 01 -> attention.py, 02 -> masks.py, 03 -> heads.py and variants.py,
+04 -> mha.py. Every notebook ends by checking its own code against these.
+"""
+
+from .attention import DotProductAttention, masked_softmax, scaled_dot_product_attention
+from .device import get_device
+from .heads import transpose_output, transpose_qkv
+from .masks import (
+    additive_to_bool,
+    bool_to_additive,
+    causal_mask,
+    drop_to_keep,
+    keep_to_drop,
+    padding_mask,
+)
+from .mha import AddNorm, MultiHeadAttention
+from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
+
+__all__ = [
+    "AddNorm",
+    "DotProductAttention",
+    "EinsumMultiHeadAttention",
+    "HeadLoopMultiHeadAttention",
+    "MultiHeadAttention",
+    "SeqFirstMultiHeadAttention",
+    "additive_to_bool",
+    "bool_to_additive",
+    "causal_mask",
+    "drop_to_keep",
+    "get_device",
+    "keep_to_drop",
+    "masked_softmax",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "transpose_output",
+    "transpose_qkv",
+]
+__version__ = "0.1.0"

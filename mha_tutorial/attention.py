@@ -1,0 +1,142 @@
+r"""Scaled dot-product attention (notebooks 01 and 02 build this step by step).
+
+.. math::
+    \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d}}\right) V
+
+``masked_softmax`` is the one place where masks are applied: ``valid_lens``
+(d2l's padding lengths) and/or a bool ``mask`` (True = may attend). A query
+that may attend to no key at all gets a row of zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .masks import as_valid_lens, check_mask, check_valid_lens, padding_mask
+
+
+def _keep_mask(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor | None:
+    """Validate ``valid_lens`` and ``mask`` against ``scores`` and combine them.
+
+    Returns a bool tensor that broadcasts to ``scores`` (True = may attend), or
+    None when nothing is masked. ``valid_lens`` indexes the first axis of
+    ``scores``; the axes between the first and the last two are broadcast.
+    """
+    keep = None
+    if valid_lens is not None:
+        valid_lens = as_valid_lens(valid_lens).to(scores.device)
+        batch, num_queries, num_keys = scores.shape[0], scores.shape[-2], scores.shape[-1]
+        check_valid_lens(valid_lens, batch, num_queries, num_keys)
+        keep = padding_mask(valid_lens, num_keys)  # (B, 1 or Q, K)
+        keep = keep.view(batch, *([1] * (scores.dim() - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
+    if mask is not None:
+        check_mask(mask, scores.shape)
+        mask = mask.to(scores.device)
+        keep = mask if keep is None else keep & mask
+    return keep
+
+
+def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor:
+    """Softmax over the last axis of ``scores`` (..., Q, K), ignoring masked keys.
+
+    Args:
+        scores: floating tensor (B, Q, K) or (B, ..., Q, K).
+        valid_lens: optional integer tensor (B,) or (B, Q) of visible key counts.
+        mask: optional bool tensor broadcastable to ``scores``; True = may attend.
+
+    Masked keys get weight exactly 0. A row with no visible key is all zeros
+    (not NaN, not uniform) in float32, float16 and bfloat16, and its gradient
+    is finite.
+    """
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating tensor, got {getattr(scores, 'dtype', type(scores))}")
+    if scores.dim() < 2:
+        raise ValueError(f"scores must have shape (..., Q, K), got {tuple(scores.shape)}")
+    keep = _keep_mask(scores, valid_lens, mask)
+    if keep is None:
+        return F.softmax(scores, dim=-1)
+    # The most negative finite number, not -inf: exp(min - max) underflows to 0
+    # for masked keys, while a row that is *all* masked stays finite (uniform)
+    # instead of turning into 0/0 = NaN. Those rows are zeroed just below.
+    weights = F.softmax(scores.masked_fill(~keep, torch.finfo(scores.dtype).min), dim=-1)
+    has_key = keep.any(dim=-1, keepdim=True)  # (..., Q or 1, 1), small
+    if not bool(has_key.all()):
+        weights = weights.masked_fill(~has_key, 0.0)
+    return weights
+
+
+def _check_qkv(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    for name, x in (("queries", queries), ("keys", keys), ("values", values)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+        if x.dim() not in (3, 4):
+            raise ValueError(f"{name} must be 3-D (B, T, d) or 4-D (B, H, T, d), got shape {tuple(x.shape)}")
+    if not (queries.dim() == keys.dim() == values.dim()):
+        raise ValueError(
+            f"queries, keys and values must have the same number of dimensions, got shapes "
+            f"{tuple(queries.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}"
+        )
+    if queries.shape[:-2] != keys.shape[:-2] or keys.shape[:-2] != values.shape[:-2]:
+        raise ValueError(
+            f"queries, keys and values must share their leading (batch/head) sizes, got shapes "
+            f"{tuple(queries.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}"
+        )
+    if keys.shape[-2] != values.shape[-2]:
+        raise ValueError(
+            f"keys and values must have the same length, got {keys.shape[-2]} keys "
+            f"(shape {tuple(keys.shape)}) and {values.shape[-2]} values (shape {tuple(values.shape)})"
+        )
+    if queries.shape[-1] != keys.shape[-1]:
+        raise ValueError(
+            f"queries and keys must have the same feature size to take dot products, got "
+            f"{queries.shape[-1]} (shape {tuple(queries.shape)}) and {keys.shape[-1]} (shape {tuple(keys.shape)})"
+        )
+
+
+def scaled_dot_product_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid_lens=None,
+    mask=None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""softmax(Q K^T / sqrt(d)) V, returning ``(output, weights)``.
+
+    Shapes: queries (B, Q, d), keys (B, K, d), values (B, K, v) -> output
+    (B, Q, v) and weights (B, Q, K); or the same with a head axis, (B, H, T, d).
+    ``valid_lens`` indexes the batch axis B; ``mask`` broadcasts to the weights.
+    Dropout (when ``training`` and ``dropout_p > 0``) is applied to the weights
+    used for the output; the returned weights are the ones before dropout.
+    """
+    _check_qkv(queries, keys, values)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    d = queries.shape[-1]
+    # Scale the (B, Q, d) queries rather than the (B, Q, K) scores: same result, fewer multiplications.
+    scores = (queries * (1.0 / math.sqrt(d))) @ keys.transpose(-2, -1)  # (B, [H,] Q, K)
+    weights = masked_softmax(scores, valid_lens, mask)  # (B, [H,] Q, K)
+    dropped = F.dropout(weights, dropout_p) if training and dropout_p > 0 else weights
+    return dropped @ values, weights  # (B, [H,] Q, v), (B, [H,] Q, K)
+
+
+class DotProductAttention(nn.Module):
+    """Scaled dot-product attention as a module, keeping ``.attention_weights`` (as in d2l)."""
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        self.dropout = dropout
+        self.attention_weights: torch.Tensor | None = None
+
+    def forward(self, queries, keys, values, valid_lens=None, mask=None):
+        output, self.attention_weights = scaled_dot_product_attention(
+            queries, keys, values, valid_lens, mask, self.dropout, self.training
+        )
+        return output

@@ -1,0 +1,141 @@
+r"""Multi-head attention (notebook 04).
+
+.. math::
+    \mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\, W^O,
+    \qquad \mathrm{head}_h = \mathrm{Attention}(Q W_h^Q, K W_h^K, V W_h^V)
+
+The four projections are ``nn.Linear`` layers named as in the text: ``W_q``,
+``W_k``, ``W_v`` and ``W_o``. Head h owns output columns h*d .. (h+1)*d of
+``W_q``, ``W_k``, ``W_v`` (d = num_hiddens / num_heads) and the matching input
+columns of ``W_o`` -- the layout of ``nn.MultiheadAttention``, so weights can be
+copied across directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import DotProductAttention
+from .heads import transpose_output, transpose_qkv
+from .masks import as_valid_lens, check_mask, check_valid_lens
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with per-head weights kept in ``.attention_weights`` (B, H, Q, K).
+
+    Args:
+        num_hiddens: width of the projections and of the output (H * d).
+        num_heads: number of heads H; must divide ``num_hiddens``.
+        dropout: dropout on the attention weights (training only).
+        bias: whether the four projections have a bias.
+        query_size, key_size, value_size: input sizes when they differ from
+            ``num_hiddens`` (cross-attention between different spaces).
+    """
+
+    def __init__(
+        self,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = False,
+        *,
+        query_size: int | None = None,
+        key_size: int | None = None,
+        value_size: int | None = None,
+    ):
+        super().__init__()
+        if num_heads < 1 or num_hiddens < 1:
+            raise ValueError(f"num_hiddens and num_heads must be positive, got {num_hiddens} and {num_heads}")
+        if num_hiddens % num_heads:
+            raise ValueError(
+                f"num_hiddens={num_hiddens} is not divisible by num_heads={num_heads}: "
+                f"each head needs num_hiddens / num_heads features"
+            )
+        self.num_hiddens, self.num_heads = num_hiddens, num_heads
+        self.head_size = num_hiddens // num_heads
+        self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
+        self.W_k = nn.Linear(key_size or num_hiddens, num_hiddens, bias=bias)
+        self.W_v = nn.Linear(value_size or num_hiddens, num_hiddens, bias=bias)
+        self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.attention = DotProductAttention(dropout)
+        self.attention_weights: torch.Tensor | None = None
+
+    def check_inputs(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
+        """Raise a clear error for inputs that do not fit; return ``valid_lens`` as a tensor."""
+        for name, x, layer in (("queries", queries, self.W_q), ("keys", keys, self.W_k), ("values", values, self.W_v)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+            if x.dim() != 3:
+                raise ValueError(f"{name} must have shape (batch, steps, features), got {tuple(x.shape)}")
+            if x.shape[-1] != layer.in_features:
+                raise ValueError(
+                    f"{name} have {x.shape[-1]} features (shape {tuple(x.shape)}) but the projection "
+                    f"expects {layer.in_features}"
+                )
+        if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
+            raise ValueError(
+                f"queries, keys and values must have the same batch size, got shapes "
+                f"{tuple(queries.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}"
+            )
+        if keys.shape[1] != values.shape[1]:
+            raise ValueError(
+                f"keys and values must have the same length, got shapes {tuple(keys.shape)} and {tuple(values.shape)}"
+            )
+        batch, num_queries, num_keys = queries.shape[0], queries.shape[1], keys.shape[1]
+        if valid_lens is not None:
+            valid_lens = as_valid_lens(valid_lens).to(queries.device)
+            check_valid_lens(valid_lens, batch, num_queries, num_keys)
+        if mask is not None:
+            check_mask(mask, (batch, self.num_heads, num_queries, num_keys))
+        if head_mask is not None:
+            if not isinstance(head_mask, torch.Tensor):
+                raise TypeError(f"head_mask must be a tensor of shape ({self.num_heads},), got {type(head_mask).__name__}")
+            if tuple(head_mask.shape) != (self.num_heads,):
+                raise ValueError(f"head_mask must have shape ({self.num_heads},) (one gate per head), got {tuple(head_mask.shape)}")
+        return valid_lens
+
+    def _fold_mask(self, mask, batch: int):
+        """A mask broadcastable to (B, H, Q, K) -> one broadcastable to (B*H, Q, K)."""
+        if mask is None or mask.dim() <= 2:  # (Q, K) or (K,): the same for every example and head
+            return mask
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, Q, K), b in {1, B}, h in {1, H}
+        if mask.shape[0] == 1 and mask.shape[1] == 1:
+            return mask[0]  # (1, Q, K)
+        return mask.expand(batch, self.num_heads, *mask.shape[2:]).reshape(-1, *mask.shape[2:])  # (B*H, Q, K)
+
+    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
+        """queries (B, Q, q_size), keys (B, K, k_size), values (B, K, v_size) -> (B, Q, num_hiddens).
+
+        ``valid_lens`` (B,) or (B, Q) and ``mask`` (bool, broadcastable to (B, H, Q, K),
+        True = may attend) select the visible keys; ``head_mask`` (H,) scales each
+        head's output before ``W_o`` (0 switches a head off).
+        """
+        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        batch, H = queries.shape[0], self.num_heads
+        q = transpose_qkv(self.W_q(queries), H)  # (B*H, Q, d)
+        k = transpose_qkv(self.W_k(keys), H)  # (B*H, K, d)
+        v = transpose_qkv(self.W_v(values), H)  # (B*H, K, d)
+        if valid_lens is not None:
+            # Row b*H + h of q is head h of example b, so each length is repeated H times in place.
+            valid_lens = torch.repeat_interleave(valid_lens, repeats=H, dim=0)  # (B*H,) or (B*H, Q)
+        output = self.attention(q, k, v, valid_lens, self._fold_mask(mask, batch))  # (B*H, Q, d)
+        self.attention_weights = self.attention.attention_weights.unflatten(0, (batch, H))  # (B, H, Q, K)
+        if head_mask is not None:
+            gates = head_mask.to(output.dtype).repeat(batch)  # (B*H,): entry b*H + h is head_mask[h]
+            output = output * gates[:, None, None]  # (B*H, Q, d)
+        return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
+
+
+class AddNorm(nn.Module):
+    """The post-norm transformer sublayer: LayerNorm(X + Dropout(Y))."""
+
+    def __init__(self, norm_shape, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.ln = nn.LayerNorm(norm_shape)
+
+    def forward(self, X, Y):
+        if X.shape != Y.shape:
+            raise ValueError(f"AddNorm needs X and Y of the same shape, got {tuple(X.shape)} and {tuple(Y.shape)}")
+        return self.ln(X + self.dropout(Y))

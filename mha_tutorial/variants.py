@@ -1,0 +1,108 @@
+"""Three other ways to write the same multi-head attention (notebook 03).
+
+Each class has the constructor and parameter names of ``MultiHeadAttention``
+(they subclass it and only replace ``forward``), so one ``state_dict`` loads
+into all of them and they must give the same outputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import masked_softmax, scaled_dot_product_attention
+from .masks import padding_mask
+from .mha import MultiHeadAttention
+
+
+def _mask_4d(mask, valid_lens, num_keys: int):
+    """Combine ``valid_lens`` and a mask into one bool mask broadcastable to (B, H, Q, K), or None."""
+    keep = None
+    if valid_lens is not None:
+        keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1 or Q, K)
+    if mask is not None:
+        keep = mask if keep is None else keep & mask
+    return keep
+
+
+class HeadLoopMultiHeadAttention(MultiHeadAttention):
+    """The literal reading of Concat(head_1, ..., head_H) W^O: one head at a time, on column slices."""
+
+    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
+        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        Q, K, V = self.W_q(queries), self.W_k(keys), self.W_v(values)  # (B, T, H*d)
+        d = self.head_size
+        if mask is not None:
+            mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, Q, K)
+        heads, weights = [], []
+        for h in range(self.num_heads):
+            cols = slice(h * d, (h + 1) * d)
+            mask_h = None if mask is None else mask[:, h if mask.shape[1] > 1 else 0]  # (b, Q, K)
+            out_h, w_h = scaled_dot_product_attention(
+                Q[..., cols], K[..., cols], V[..., cols], valid_lens, mask_h,
+                self.attention.dropout, self.training,
+            )  # (B, Q, d), (B, Q, K)
+            heads.append(out_h if head_mask is None else out_h * head_mask[h])
+            weights.append(w_h)
+        self.attention_weights = torch.stack(weights, dim=1)  # (B, H, Q, K)
+        return self.W_o(torch.cat(heads, dim=-1))  # (B, Q, H*d) -> (B, Q, num_hiddens)
+
+
+class EinsumMultiHeadAttention(MultiHeadAttention):
+    """Head-first layout (H, B, T, d) with ``torch.einsum`` for the scores and the weighted sum."""
+
+    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
+        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        H, d = self.num_heads, self.head_size
+
+        def split(X):  # (B, T, H*d) -> (H, B, T, d)
+            return X.unflatten(-1, (H, d)).permute(2, 0, 1, 3)
+
+        q, k, v = split(self.W_q(queries)), split(self.W_k(keys)), split(self.W_v(values))
+        scores = torch.einsum("hbqd,hbkd->hbqk", q / math.sqrt(d), k)  # (H, B, Q, K)
+        keep = _mask_4d(mask, valid_lens, keys.shape[1])  # ~(B, H, Q, K)
+        if keep is not None:
+            keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape)).transpose(0, 1)  # ~(H, B, Q, K)
+        weights = masked_softmax(scores, mask=keep)  # (H, B, Q, K)
+        self.attention_weights = weights.transpose(0, 1)  # (B, H, Q, K)
+        if self.training and self.attention.dropout > 0:
+            weights = nn.functional.dropout(weights, self.attention.dropout)
+        out = torch.einsum("hbqk,hbkd->hbqd", weights, v)  # (H, B, Q, d)
+        if head_mask is not None:
+            out = out * head_mask.to(out.dtype)[:, None, None, None]
+        return self.W_o(out.permute(1, 2, 0, 3).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
+
+
+class SeqFirstMultiHeadAttention(MultiHeadAttention):
+    """Sequence-first tensors [seq, batch, d_model], as in the original Transformer code bases.
+
+    ``forward(query, key, value, mask=None)`` takes a bool ``mask`` of shape
+    [Q, K, B] (True = may attend) whose Q or B axis may be 1 to broadcast, and
+    computes the scores with the index pattern ``'ibhd,jbhd->ijbh'``
+    (i = query position, j = key position, b = batch, h = head).
+    """
+
+    def forward(self, query, key, value, mask=None):
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be a bool tensor [Q, K, B] with True = may attend, got {mask.dtype}")
+            shape = (query.shape[0], key.shape[0], query.shape[1])
+            if mask.dim() != 3 or mask.shape[1] != shape[1] or mask.shape[0] not in (1, shape[0]) or mask.shape[2] not in (1, shape[2]):
+                raise ValueError(f"mask must have shape [Q, K, B] = {list(shape)} (Q or B may be 1), got {list(mask.shape)}")
+        # Reuse the batch-first checks on batch-first views (no copies).
+        self.check_inputs(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1))
+        H, d = self.num_heads, self.head_size
+        q = self.W_q(query).unflatten(-1, (H, d))  # (Q, B, H, d)
+        k = self.W_k(key).unflatten(-1, (H, d))  # (K, B, H, d)
+        v = self.W_v(value).unflatten(-1, (H, d))  # (K, B, H, d)
+        scores = torch.einsum("ibhd,jbhd->ijbh", q / math.sqrt(d), k)  # (Q, K, B, H)
+        # masked_softmax works on the last axis: move the key axis j there and back.
+        keep = None if mask is None else mask.permute(0, 2, 1).unsqueeze(2)  # (Q, B, 1, K)
+        weights = masked_softmax(scores.permute(0, 2, 3, 1), mask=keep).permute(0, 3, 1, 2)  # (Q, K, B, H)
+        self.attention_weights = weights.permute(2, 3, 0, 1)  # (B, H, Q, K)
+        if self.training and self.attention.dropout > 0:
+            weights = nn.functional.dropout(weights, self.attention.dropout)
+        out = torch.einsum("ijbh,jbhd->ibhd", weights, v)  # (Q, B, H, d)
+        return self.W_o(out.flatten(2))  # (Q, B, num_hiddens)
