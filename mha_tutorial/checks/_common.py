@@ -1,0 +1,56 @@
+"""Shared helpers for the exercise checks: compare, and explain the first difference."""
+
+from __future__ import annotations
+
+import torch
+
+
+class CheckFailed(AssertionError):
+    """Raised by a check with a plain-words explanation of what is wrong."""
+
+
+def passed(name: str, cases: int) -> None:
+    print(f"✓ {name}: passed on {cases} case{'s' if cases != 1 else ''}")
+
+
+def call(fn, *args, case: str, **kwargs):
+    """Call the learner's code; turn NotImplementedError into a friendly failure."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        raise CheckFailed(f"not implemented yet ({case}): {e}") from None
+
+
+def expect_tensor(actual, case: str) -> torch.Tensor:
+    if not isinstance(actual, torch.Tensor):
+        raise CheckFailed(f"{case}: expected a tensor, got {type(actual).__name__}")
+    return actual
+
+
+def expect_shape(actual: torch.Tensor, expected: tuple, case: str) -> None:
+    expect_tensor(actual, case)
+    if tuple(actual.shape) != tuple(expected):
+        raise CheckFailed(f"{case}: wrong shape {tuple(actual.shape)}, expected {tuple(expected)}")
+
+
+def expect_finite(actual: torch.Tensor, case: str) -> None:
+    if torch.isnan(actual).any():
+        raise CheckFailed(f"{case}: the result contains NaN (a fully-masked row must give zeros, not NaN)")
+    if torch.isinf(actual).any():
+        raise CheckFailed(f"{case}: the result contains inf")
+
+
+def expect_close(actual, expected: torch.Tensor, case: str, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Shape, finiteness, then values; the message names the first differing position."""
+    expect_shape(actual, expected.shape, case)
+    if torch.isfinite(expected).all():
+        expect_finite(actual, case)
+    actual = actual.detach().to(expected.dtype).cpu()
+    expected = expected.detach().cpu()
+    close = torch.isclose(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+    if not close.all():
+        where = tuple(int(i) for i in (~close).nonzero()[0])
+        raise CheckFailed(
+            f"{case}: wrong values, first at index {where}: got {actual[where].item():.4g}, "
+            f"expected {expected[where].item():.4g} (max difference {(actual - expected).abs().max().item():.3g})"
+        )
