@@ -119,3 +119,17 @@ def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
     if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
         raise TypeError(f"additive_to_bool expects a floating tensor, got {getattr(mask, 'dtype', type(mask))}")
     return mask > -1e4
+
+
+def combine_masks(valid_lens, mask, num_keys: int) -> torch.Tensor | None:
+    """One keep-mask broadcastable to (B, H, Q, K) from ``valid_lens`` and/or a bool ``mask``.
+
+    ``valid_lens`` (B,) or (B, Q) becomes (B, 1, 1 or Q, K); ``mask`` must already
+    broadcast to (B, H, Q, K). Returns None when neither is given.
+    """
+    keep = None
+    if valid_lens is not None:
+        keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1 or Q, K)
+    if mask is not None:
+        keep = mask if keep is None else keep & mask
+    return keep

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .attention import DotProductAttention
 from .heads import transpose_output, transpose_qkv
-from .masks import as_valid_lens, check_mask, check_valid_lens
+from .masks import as_valid_lens, check_mask, check_valid_lens, combine_masks
 
 
 class MultiHeadAttention(nn.Module):
@@ -104,14 +105,20 @@ class MultiHeadAttention(nn.Module):
             return mask[0]  # (1, Q, K)
         return mask.expand(batch, self.num_heads, *mask.shape[2:]).reshape(-1, *mask.shape[2:])  # (B*H, Q, K)
 
-    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
+    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True):
         """queries (B, Q, q_size), keys (B, K, k_size), values (B, K, v_size) -> (B, Q, num_hiddens).
 
         ``valid_lens`` (B,) or (B, Q) and ``mask`` (bool, broadcastable to (B, H, Q, K),
         True = may attend) select the visible keys; ``head_mask`` (H,) scales each
         head's output before ``W_o`` (0 switches a head off).
+
+        With ``need_weights=False`` the same projections go through PyTorch's fused
+        ``F.scaled_dot_product_attention`` instead, which never materialises the
+        (B, H, Q, K) weights; ``.attention_weights`` is then None.
         """
         valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        if not need_weights:
+            return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask)
         batch, H = queries.shape[0], self.num_heads
         q = transpose_qkv(self.W_q(queries), H)  # (B*H, Q, d)
         k = transpose_qkv(self.W_k(keys), H)  # (B*H, K, d)
@@ -125,6 +132,24 @@ class MultiHeadAttention(nn.Module):
             gates = head_mask.to(output.dtype).repeat(batch)  # (B*H,): entry b*H + h is head_mask[h]
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
+
+    def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask):
+        """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""
+        H, d = self.num_heads, self.head_size
+        q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
+        k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
+        v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
+        keep = combine_masks(valid_lens, mask, keys.shape[1])  # broadcasts to (B, H, Q, K), or None
+        dropout_p = self.attention.dropout if self.training else 0.0
+        output = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)  # (B, H, Q, d)
+        if keep is not None:
+            has_key = keep.any(dim=-1, keepdim=True)  # (B or 1, H or 1, Q or 1, 1)
+            if not bool(has_key.all()):  # same rule as masked_softmax: no visible key -> zeros
+                output = output.masked_fill(~has_key, 0.0)
+        if head_mask is not None:
+            output = output * head_mask.to(output.dtype)[:, None, None]  # (B, H, Q, d)
+        self.attention_weights = None
+        return self.W_o(output.transpose(1, 2).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
 
 
 class AddNorm(nn.Module):
