@@ -23,9 +23,9 @@ $(STAMP): requirements.txt pyproject.toml
 lab: install
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
-## Execute every notebook headless (on the GPU when there is one) into build/notebooks/.
+## Execute every notebook headless (on the GPU when there is one) and render the site build/site/index.html.
 run: install
-	$(PY) -m mha_tutorial.run_notebooks --out build/notebooks $(NOTEBOOKS)
+	$(PY) -m mha_tutorial.site --execute --out build/site $(NOTEBOOKS)
 
 ## Unit tests, then strict nbval over every notebook (committed outputs must match).
 test: unit nbval

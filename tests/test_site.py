@@ -1,0 +1,129 @@
+"""The rendered site works offline in a real browser (headless Chromium).
+
+The site is rendered from the notebooks' committed outputs (strict nbval checks
+elsewhere that those outputs are what the code produces), served on localhost,
+and opened in Debian's Chromium through Selenium and chromedriver. One
+screenshot per page is kept under build/screenshots/.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="headless Chromium not found: install Debian's 'chromium' and 'chromium-driver' (.ci/run does)",
+)
+
+# In the page: every <img>, its natural size and whether its pixels vary (a blank image has one colour).
+IMAGES_JS = """
+return Array.from(document.images).map(img => {
+  const c = document.createElement('canvas');
+  c.width = img.naturalWidth; c.height = img.naturalHeight;
+  const ctx = c.getContext('2d');
+  ctx.drawImage(img, 0, 0);
+  let distinct = 0;
+  if (c.width && c.height) {
+    const d = ctx.getImageData(0, 0, c.width, c.height).data, first = d.slice(0, 4).join();
+    const seen = new Set([first]);
+    for (let i = 0; i < d.length && seen.size < 8; i += 4 * 97) seen.add(d.slice(i, i + 4).join());
+    distinct = seen.size;
+  }
+  return {src: img.src.slice(0, 40), width: img.naturalWidth, height: img.naturalHeight, distinct: distinct};
+});
+"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    from mha_tutorial.site import build
+
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    out = tmp_path_factory.mktemp("site")
+    build(notebooks, out, run=False)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield out, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,1600", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, url: str, name: str):
+    """Load a page, wait for MathJax if the page uses it, save a screenshot; return console errors."""
+    browser.get_log("browser")  # drop messages of earlier pages
+    browser.get(url)
+    browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "if (window.MathJax && MathJax.Hub) { MathJax.Hub.Queue(() => done(true)); } else { done(false); }"
+    )
+    shots = ROOT / "build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(shots / f"{name}.png"))
+    return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_index_lists_every_notebook_in_order(site, browser):
+    out, base = site
+    errors = open_page(browser, f"{base}/index.html", "index")
+    assert errors == [], errors
+    links = [a.get_attribute("href").rsplit("/", 1)[-1] for a in browser.find_elements("css selector", "tbody a")]
+    expected = [p.with_suffix(".html").name for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
+    assert links == expected
+    cells = [td.text for td in browser.find_elements("css selector", "tbody td:nth-child(4)")]
+    assert all(c.endswith(" s") for c in cells), cells  # every notebook has a time to run
+
+
+def test_api_page_documents_the_package(site, browser):
+    out, base = site
+    assert open_page(browser, f"{base}/api.html", "api") == []
+    text = browser.find_element("css selector", "body").text
+    for name in ("masked_softmax", "transpose_qkv", "MultiHeadAttention", "SeqFirstMultiHeadAttention"):
+        assert name in text
+
+
+def notebook_pages():
+    return [p.with_suffix(".html").name for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
+
+
+@pytest.mark.parametrize("page", notebook_pages())
+def test_notebook_page_renders_offline(site, browser, page):
+    out, base = site
+    html = (out / page).read_text()
+    assert "cdnjs" not in html and "<script src=\"http" not in html, "a page must not load scripts from the network"
+    errors = open_page(browser, f"{base}/{page}", page.removesuffix(".html"))
+    assert errors == [], errors
+    images = browser.execute_script(IMAGES_JS)
+    assert images, "every notebook of the series draws at least one figure"
+    for img in images:
+        assert img["width"] > 50 and img["height"] > 50, img
+        assert img["distinct"] > 1, f"blank image: {img}"
+    if "$" in html:  # math was typeset by the local MathJax
+        assert browser.execute_script("return document.querySelectorAll('.MathJax, .MathJax_CHTML, .mjx-chtml').length") > 0
