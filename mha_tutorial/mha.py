@@ -13,6 +13,8 @@ copied across directly.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -61,6 +63,8 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
         self.attention = DotProductAttention(dropout)
         self.attention_weights: torch.Tensor | None = None
+        self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
+        self.pruned_heads: list[int] = []
 
     def check_inputs(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
         """Raise a clear error for inputs that do not fit; return ``valid_lens`` as a tensor."""
@@ -117,6 +121,8 @@ class MultiHeadAttention(nn.Module):
         (B, H, Q, K) weights; ``.attention_weights`` is then None.
         """
         valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        if self.num_heads == 0:  # every head pruned: the sublayer contributes only W_o's bias
+            return self._no_heads(queries, keys, need_weights)
         if not need_weights:
             return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask)
         batch, H = queries.shape[0], self.num_heads
@@ -150,6 +156,61 @@ class MultiHeadAttention(nn.Module):
             output = output * head_mask.to(output.dtype)[:, None, None]  # (B, H, Q, d)
         self.attention_weights = None
         return self.W_o(output.transpose(1, 2).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
+
+
+    def _no_heads(self, queries, keys, need_weights):
+        batch, num_queries = queries.shape[:2]
+        output = queries.new_zeros(batch, num_queries, self.W_o.out_features)  # (B, Q, num_hiddens)
+        if self.W_o.bias is not None:
+            output = output + self.W_o.bias
+        self.attention_weights = queries.new_zeros(batch, 0, num_queries, keys.shape[1]) if need_weights else None
+        return output
+
+    @torch.no_grad()
+    def prune_heads(self, heads) -> None:
+        """Remove heads for good: their rows of ``W_q``, ``W_k``, ``W_v`` and their columns of ``W_o``.
+
+        ``heads`` are the heads' original numbers (0 .. num_heads-1 at construction), so pruning
+        in several steps needs no renumbering; ``self.head_ids`` lists the heads still present.
+        The output bias stays. Pruning every head leaves a layer that returns only that bias.
+        A pruned layer computes exactly what the unpruned one does with those heads' ``head_mask``
+        entries set to 0.
+        """
+        heads = list(heads)
+        original = len(self.head_ids) + len(self.pruned_heads)
+        for h in heads:
+            if isinstance(h, bool) or not isinstance(h, int):
+                raise TypeError(f"head numbers must be ints, got {h!r} in {heads}")
+            if not 0 <= h < original:
+                raise ValueError(f"head {h} is out of range: this layer was built with {original} heads (0..{original - 1})")
+        if len(set(heads)) != len(heads):
+            raise ValueError(f"head numbers must not repeat, got {heads}")
+        already = sorted(set(heads) - set(self.head_ids))
+        if already:
+            raise ValueError(f"heads {already} are already pruned (heads left: {self.head_ids})")
+        d = self.head_size
+        keep = [i for i, h in enumerate(self.head_ids) if h not in heads]  # current positions to keep
+        rows = torch.cat([torch.arange(i * d, (i + 1) * d) for i in keep]) if keep else torch.zeros(0, dtype=torch.long)
+        rows = rows.to(self.W_q.weight.device)
+        for name in ("W_q", "W_k", "W_v"):
+            setattr(self, name, _select(getattr(self, name), rows, dim=0))
+        self.W_o = _select(self.W_o, rows, dim=1)
+        self.pruned_heads = sorted([*self.pruned_heads, *heads])
+        self.head_ids = [self.head_ids[i] for i in keep]
+        self.num_heads = len(keep)
+
+
+def _select(layer: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    """A new Linear keeping only the output rows (dim=0) or input columns (dim=1) in ``index``."""
+    weight = layer.weight.index_select(dim, index)  # (out', in) or (out, in')
+    with warnings.catch_warnings():  # a zero-width layer (every head pruned) has nothing to initialise
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(weight.shape[1], weight.shape[0], bias=layer.bias is not None,
+                        device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if layer.bias is not None:
+        new.bias.copy_(layer.bias.index_select(0, index) if dim == 0 else layer.bias)
+    return new
 
 
 class AddNorm(nn.Module):
