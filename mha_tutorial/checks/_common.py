@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
 class CheckFailed(AssertionError):
     """Raised by a check with a plain-words explanation of what is wrong."""
+
+
+class NotAttempted(Exception):
+    """The learner's code still raises NotImplementedError (the student edition's stubs)."""
+
+
+def friendly(check):
+    """Wrap a check so that an exercise not attempted yet is reported, not raised.
+
+    The student edition replaces each solution with a stub that raises
+    NotImplementedError; its check then prints what to do instead of failing.
+    Wrong answers still raise ``CheckFailed``.
+    """
+
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except NotAttempted as e:
+            print(f"… {check.__name__}: not attempted yet ({e}). Write your solution above, then run this cell again.")
+            return None
+
+    return wrapper
 
 
 def passed(name: str, cases: int) -> None:
@@ -18,7 +43,7 @@ def call(fn, *args, case: str, **kwargs):
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
-        raise CheckFailed(f"not implemented yet ({case}): {e}") from None
+        raise NotAttempted(str(e) or case) from None
 
 
 def expect_tensor(actual, case: str) -> torch.Tensor:
