@@ -226,12 +226,26 @@ def run_benchmark(
             keep = causal_mask(seq, device=device)
             need = estimated_bytes(batch, seq, hiddens, heads, dtype, backward="forward+backward" in passes)
             if device.type == "cpu" and need > memory_budget:
-                log(f"stopping at T={seq}: the readable path would need ~{need / 2**30:.1f} GiB "
-                    f"(budget {memory_budget / 2**30:.1f} GiB)")
+                log(
+                    f"stopping at T={seq}: the readable path would need ~{need / 2**30:.1f} GiB "
+                    f"(budget {memory_budget / 2**30:.1f} GiB)"
+                )
                 for name in impls:
                     for p in passes:
-                        rows.append(Row(name, p, dtype_name, device.type, threads, batch, seq, hiddens, heads,
-                                        status=f"skipped: needs ~{need / 2**30:.0f} GiB"))
+                        rows.append(
+                            Row(
+                                name,
+                                p,
+                                dtype_name,
+                                device.type,
+                                threads,
+                                batch,
+                                seq,
+                                hiddens,
+                                heads,
+                                status=f"skipped: needs ~{need / 2**30:.0f} GiB",
+                            )
+                        )
                 break
             try:
                 diffs = check_agreement(impls, x, keep, atol=1e-4 if dtype == torch.float32 else 5e-2)
@@ -239,8 +253,10 @@ def run_benchmark(
                 log(f"T={seq}: out of memory while checking agreement; stopping the sweep here")
                 torch.cuda.empty_cache()
                 break
-            log(f"[{dtype_name}, T={seq}] all {len(impls)} implementations agree "
-                f"(max |diff| vs readable {max(diffs.values()):.1e})")
+            log(
+                f"[{dtype_name}, T={seq}] all {len(impls)} implementations agree "
+                f"(max |diff| vs readable {max(diffs.values()):.1e})"
+            )
             for p in passes:
                 for name, f in impls.items():
                     row = Row(name, p, dtype_name, device.type, threads, batch, seq, hiddens, heads)
@@ -263,8 +279,10 @@ def run_benchmark(
 def format_row(row: Row) -> str:
     if row.status != "ok":
         return f"  {row.pass_:16} {row.impl:20} T={row.seq:<5} {row.status}"
-    return (f"  {row.pass_:16} {row.impl:20} T={row.seq:<5} {row.median_ms:10.2f} ms "
-            f"(IQR {row.iqr_ms:.2f})  peak {row.peak_mib:9.1f} MiB")
+    return (
+        f"  {row.pass_:16} {row.impl:20} T={row.seq:<5} {row.median_ms:10.2f} ms "
+        f"(IQR {row.iqr_ms:.2f})  peak {row.peak_mib:9.1f} MiB"
+    )
 
 
 def ratios(rows: list[Row]) -> list[tuple]:
@@ -285,8 +303,12 @@ def to_markdown(rows: list[Row]) -> str:
         for r in rows
     ]
     first = rows[0] if rows else None
-    setting = (f"{first.device}, {first.threads} threads, batch {first.batch}, {first.hiddens} hiddens, "
-               f"{first.heads} heads, causal self-attention\n\n" if first else "")
+    setting = (
+        f"{first.device}, {first.threads} threads, batch {first.batch}, {first.hiddens} hiddens, "
+        f"{first.heads} heads, causal self-attention\n\n"
+        if first
+        else ""
+    )
     pairs = "\n".join(f"- {d}, {p}, T={s}: {a} / {b} = {x:.2f}" for d, p, s, a, b, x in ratios(rows))
     return setting + head + "\n".join(lines) + ("\n\nRatios (ours / PyTorch's):\n\n" + pairs if pairs else "") + "\n"
 
@@ -309,8 +331,9 @@ def plot(rows: list[Row], path: Path | None = None):
     ok = [r for r in rows if r.status == "ok"]
     passes = sorted({r.pass_ for r in ok}, reverse=True)
     dtypes = sorted({r.dtype for r in ok})
-    fig, axes = plt.subplots(len(dtypes), len(passes) + 1, figsize=(5 * (len(passes) + 1), 4 * len(dtypes)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(dtypes), len(passes) + 1, figsize=(5 * (len(passes) + 1), 4 * len(dtypes)), squeeze=False
+    )
     for i, dtype in enumerate(dtypes):
         for j, p in enumerate([*passes, "memory"]):
             ax = axes[i, j]
@@ -318,9 +341,13 @@ def plot(rows: list[Row], path: Path | None = None):
             for impl in dict.fromkeys(r.impl for r in source):
                 pts = sorted((r.seq, r.peak_mib if p == "memory" else r.median_ms) for r in source if r.impl == impl)
                 ax.plot(*zip(*pts), marker="o", label=impl)
-            ax.set(xscale="log", yscale="log", xlabel="sequence length T",
-                   ylabel="peak memory (MiB)" if p == "memory" else "median time (ms)",
-                   title=f"{'peak memory, ' + passes[-1] if p == 'memory' else p} ({dtype})")
+            ax.set(
+                xscale="log",
+                yscale="log",
+                xlabel="sequence length T",
+                ylabel="peak memory (MiB)" if p == "memory" else "median time (ms)",
+                title=f"{'peak memory, ' + passes[-1] if p == 'memory' else p} ({dtype})",
+            )
             ax.grid(True, which="both", alpha=0.3)
     axes[0, -1].legend(fontsize=8)
     fig.tight_layout()
@@ -337,9 +364,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--hiddens", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="default: float32 (+ tf32, bfloat16 on a GPU)")
-    parser.add_argument("--passes", nargs="+", choices=["forward", "forward+backward"],
-                        default=["forward", "forward+backward"])
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=list(DTYPES), help="default: float32 (+ tf32, bfloat16 on a GPU)"
+    )
+    parser.add_argument(
+        "--passes", nargs="+", choices=["forward", "forward+backward"], default=["forward", "forward+backward"]
+    )
     parser.add_argument("--impls", nargs="+", help="only these implementations (readable always runs)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd paths (default on a GPU)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: all)")
@@ -358,8 +388,19 @@ def main(argv=None) -> int:
         batch, hiddens, heads, min_run_time = 2, 128, 4, min(min_run_time, 0.1)
     if on_gpu:
         print(f"device: {torch.cuda.get_device_name(device)}")
-    rows = run_benchmark(seqs, batch, hiddens, heads, dtypes, args.passes, args.impls, device, args.threads,
-                         min_run_time, compile_=args.compile or (on_gpu and not args.quick))
+    rows = run_benchmark(
+        seqs,
+        batch,
+        hiddens,
+        heads,
+        dtypes,
+        args.passes,
+        args.impls,
+        device,
+        args.threads,
+        min_run_time,
+        compile_=args.compile or (on_gpu and not args.quick),
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.md").write_text(to_markdown(rows))
     write_csv(rows, args.out / "bench.csv")

@@ -135,7 +135,7 @@ class MultiHeadAttention(nn.Module):
         output = self.attention(q, k, v, valid_lens, self._fold_mask(mask, batch))  # (B*H, Q, d)
         self.attention_weights = self.attention.attention_weights.unflatten(0, (batch, H))  # (B, H, Q, K)
         if head_mask is not None:
-            gates = head_mask.to(output.dtype).repeat(batch)  # (B*H,): entry b*H + h is head_mask[h]
+            gates = head_mask.to(output).repeat(batch)  # (B*H,): entry b*H + h is head_mask[h]
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
 
@@ -153,7 +153,7 @@ class MultiHeadAttention(nn.Module):
             if not bool(has_key.all()):  # same rule as masked_softmax: no visible key -> zeros
                 output = output.masked_fill(~has_key, 0.0)
         if head_mask is not None:
-            output = output * head_mask.to(output.dtype)[:, None, None]  # (B, H, Q, d)
+            output = output * head_mask.to(output)[:, None, None]  # (B, H, Q, d)
         self.attention_weights = None
         return self.W_o(output.transpose(1, 2).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
 

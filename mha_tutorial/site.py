@@ -6,8 +6,9 @@
 The site has an index page in series order (title, one-line summary and time to
 run of each notebook), one HTML page per notebook with its figures embedded, and
 an API reference for ``mha_tutorial`` generated from its docstrings. Math is
-typeset by a copy of MathJax taken from the ``jupyter-server-mathjax`` package,
-so no page loads anything from the network.
+typeset at build time: every ``$...$`` and ``$$...$$`` of the markdown cells becomes
+MathML (with ``latex2mathml``), which browsers draw natively, so no page loads
+a script, a font or anything else from the network.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import html
 import importlib
 import inspect
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -26,9 +26,21 @@ from .run_notebooks import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).resolve().parent / "site_templates"
-MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"  # the configuration the bundled MathJax ships
-API_MODULES = ["attention", "masks", "heads", "mha", "variants", "tasks", "model", "train", "viz", "pruning",
-               "bench", "checks", "device"]
+API_MODULES = [
+    "attention",
+    "masks",
+    "heads",
+    "mha",
+    "variants",
+    "tasks",
+    "model",
+    "train",
+    "viz",
+    "pruning",
+    "bench",
+    "checks",
+    "device",
+]
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; line-height: 1.5; }
@@ -47,7 +59,7 @@ def title_and_summary(nb) -> tuple[str, str]:
         heading = next((ln for ln in lines if ln.startswith("# ")), None)
         if heading is None:
             continue
-        rest = " ".join(ln.strip() for ln in lines[lines.index(heading) + 1:] if ln.strip() and not ln.startswith("#"))
+        rest = " ".join(ln.strip() for ln in lines[lines.index(heading) + 1 :] if ln.strip() and not ln.startswith("#"))
         text = re.sub(r"[*_`]", "", rest)
         sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
         return heading[2:].strip(), sentence
@@ -65,41 +77,58 @@ def run_seconds(nb) -> float | None:
     return (max(stamps) - min(stamps)).total_seconds() if len(stamps) >= 2 else None
 
 
+# In the rendered HTML, math is only looked for outside code: <pre>, <code>, <script> and <style>
+# elements (code cells, outputs, inline code) are matched first and kept as they are.
+HTML_MATH = re.compile(
+    r"(<(pre|code|script|style)\b.*?</\2>)|\$\$(.+?)\$\$|(?<![\\$])\$(?!\s)([^$\n<>]+?)(?<!\s)\$", re.S
+)
+
+
+def typeset_math(page: str) -> str:
+    """Replace $$display$$ and $inline$ TeX in rendered HTML by MathML; TeX it cannot read stays as code."""
+    from latex2mathml.converter import convert
+
+    def replace(match: re.Match) -> str:
+        code, _, display, inline = match.groups()
+        if code is not None:
+            return code
+        tex = html.unescape(display if display is not None else inline).strip()
+        try:
+            mathml = convert(tex, display="block" if display is not None else "inline")
+        except Exception:  # noqa: BLE001 -- an unreadable formula is shown as TeX source, not dropped
+            return f"<code>{html.escape(tex)}</code>"
+        return f"<div class='math-display'>{mathml}</div>" if display is not None else mathml
+
+    return HTML_MATH.sub(replace, page)
+
+
 def render_notebook(nb, target: Path) -> None:
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(
-        extra_template_basedirs=[str(TEMPLATES)],
-        template_name="offline",
-        mathjax_url=f"mathjax/MathJax.js?config={MATHJAX_CONFIG}",
-        embed_images=True,
-    )
+    exporter = HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="offline", embed_images=True)
     body, _ = exporter.from_notebook_node(nb)
-    target.write_text(body)
-
-
-def copy_mathjax(site: Path) -> None:
-    import jupyter_server_mathjax
-
-    source = Path(jupyter_server_mathjax.__file__).parent / "static"
-    target = site / "mathjax"
-    if not target.exists():
-        shutil.copytree(source, target)
+    target.write_text(typeset_math(body))
 
 
 def api_page(site: Path) -> None:
     """One section per module: each public function and class with its signature and docstring."""
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mha_tutorial API</title><link rel='icon' href='data:,'><style>{STYLE}</style>"
-             "</head><body><p><a href='index.html'>&larr; the series</a></p><h1><code>mha_tutorial</code> API reference</h1>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mha_tutorial API</title><link rel='icon' href='data:,'><style>{STYLE}</style>"
+        "</head><body><p><a href='index.html'>&larr; the series</a></p><h1><code>mha_tutorial</code> API reference</h1>"
+    ]
     for name in API_MODULES:
         try:
             module = importlib.import_module(f"mha_tutorial.{name}")
         except ImportError:
             continue
-        parts.append(f"<h2 id='{name}'><code>mha_tutorial.{name}</code></h2><pre>{html.escape(inspect.getdoc(module) or '')}</pre>")
+        parts.append(
+            f"<h2 id='{name}'><code>mha_tutorial.{name}</code></h2><pre>{html.escape(inspect.getdoc(module) or '')}</pre>"
+        )
         public = getattr(module, "__all__", None) or [
-            n for n, obj in vars(module).items()
-            if not n.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
+            n
+            for n, obj in vars(module).items()
+            if not n.startswith("_")
+            and (inspect.isfunction(obj) or inspect.isclass(obj))
             and getattr(obj, "__module__", "").startswith(module.__name__)
         ]
         for member_name in public:
@@ -109,13 +138,17 @@ def api_page(site: Path) -> None:
             except (TypeError, ValueError):
                 sig = ""
             kind = "class" if inspect.isclass(obj) else "def"
-            parts.append(f"<h3 id='{name}.{member_name}'><span class='sig'>{kind} {member_name}</span>"
-                         f"<code>{html.escape(sig)}</code></h3><pre>{html.escape(inspect.getdoc(obj) or '')}</pre>")
+            parts.append(
+                f"<h3 id='{name}.{member_name}'><span class='sig'>{kind} {member_name}</span>"
+                f"<code>{html.escape(sig)}</code></h3><pre>{html.escape(inspect.getdoc(obj) or '')}</pre>"
+            )
             if inspect.isclass(obj):
                 for meth_name, meth in vars(obj).items():
                     if inspect.isfunction(meth) and not meth_name.startswith("_") and meth.__doc__:
-                        parts.append(f"<p><code>.{meth_name}{html.escape(str(inspect.signature(meth)))}</code></p>"
-                                     f"<pre>{html.escape(inspect.getdoc(meth))}</pre>")
+                        parts.append(
+                            f"<p><code>.{meth_name}{html.escape(str(inspect.signature(meth)))}</code></p>"
+                            f"<pre>{html.escape(inspect.getdoc(meth))}</pre>"
+                        )
     parts.append("</body></html>")
     (site / "api.html").write_text("\n".join(parts))
 
@@ -141,7 +174,6 @@ def build(notebooks: list[Path], site: Path, run: bool) -> list[dict]:
     import nbformat
 
     site.mkdir(parents=True, exist_ok=True)
-    copy_mathjax(site)
     entries = []
     for path in notebooks:
         if run:
@@ -153,8 +185,14 @@ def build(notebooks: list[Path], site: Path, run: bool) -> list[dict]:
         title, summary = title_and_summary(nb)
         href = path.with_suffix(".html").name
         render_notebook(nb, site / href)
-        entries.append({"href": href, "title": title, "summary": summary,
-                        "time": f"{seconds:.0f} s" if seconds is not None else "–"})
+        entries.append(
+            {
+                "href": href,
+                "title": title,
+                "summary": summary,
+                "time": f"{seconds:.0f} s" if seconds is not None else "–",
+            }
+        )
         print(f"{path.name}: {entries[-1]['time']} -> {site / href}", flush=True)
     index_page(site, entries)
     api_page(site)
