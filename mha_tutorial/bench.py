@@ -340,7 +340,7 @@ def plot(rows: list[Row], path: Path | None = None):
             source = [r for r in ok if r.dtype == dtype and r.pass_ == (passes[-1] if p == "memory" else p)]
             for impl in dict.fromkeys(r.impl for r in source):
                 pts = sorted((r.seq, r.peak_mib if p == "memory" else r.median_ms) for r in source if r.impl == impl)
-                ax.plot(*zip(*pts), marker="o", label=impl)
+                ax.plot(*zip(*pts, strict=True), marker="o", label=impl)
             ax.set(
                 xscale="log",
                 yscale="log",

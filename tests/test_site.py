@@ -9,8 +9,8 @@ screenshot per page is kept under build/screenshots/.
 from __future__ import annotations
 
 import functools
-import re
 import http.server
+import re
 import shutil
 import threading
 from pathlib import Path
