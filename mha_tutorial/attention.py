@@ -28,6 +28,11 @@ def _keep_mask(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor
     """
     keep = None
     if valid_lens is not None:
+        if scores.dim() < 3:
+            raise ValueError(
+                f"valid_lens needs scores with a batch axis, (B, Q, K) or (B, ..., Q, K), "
+                f"got shape {tuple(scores.shape)}"
+            )
         valid_lens = as_valid_lens(valid_lens).to(scores.device)
         batch, num_queries, num_keys = scores.shape[0], scores.shape[-2], scores.shape[-1]
         check_valid_lens(valid_lens, batch, num_queries, num_keys)
@@ -117,6 +122,12 @@ def scaled_dot_product_attention(
     _check_qkv(queries, keys, values)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    # Check the masks against the (B, [H,] Q, K) scores before computing them.
+    score_shape = (*queries.shape[:-1], keys.shape[-2])
+    if valid_lens is not None:
+        check_valid_lens(as_valid_lens(valid_lens), score_shape[0], score_shape[-2], score_shape[-1])
+    if mask is not None:
+        check_mask(mask, score_shape)
     d = queries.shape[-1]
     # Scale the (B, Q, d) queries rather than the (B, Q, K) scores: same result, fewer multiplications.
     scores = (queries * (1.0 / math.sqrt(d))) @ keys.transpose(-2, -1)  # (B, [H,] Q, K)

@@ -131,5 +131,5 @@ def combine_masks(valid_lens, mask, num_keys: int) -> torch.Tensor | None:
     if valid_lens is not None:
         keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1 or Q, K)
     if mask is not None:
-        keep = mask if keep is None else keep & mask
+        keep = mask if keep is None else keep & mask.to(keep.device)
     return keep

@@ -48,6 +48,9 @@ class MultiHeadAttention(nn.Module):
         value_size: int | None = None,
     ):
         super().__init__()
+        for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
         if num_heads < 1 or num_hiddens < 1:
             raise ValueError(f"num_hiddens and num_heads must be positive, got {num_hiddens} and {num_heads}")
         if num_hiddens % num_heads:
@@ -57,6 +60,10 @@ class MultiHeadAttention(nn.Module):
             )
         self.num_hiddens, self.num_heads = num_hiddens, num_heads
         self.head_size = num_hiddens // num_heads
+        sizes = {"query_size": query_size, "key_size": key_size, "value_size": value_size}
+        for name, size in sizes.items():
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be a positive int or None (= num_hiddens), got {size!r}")
         self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
         self.W_k = nn.Linear(key_size or num_hiddens, num_hiddens, bias=bias)
         self.W_v = nn.Linear(value_size or num_hiddens, num_hiddens, bias=bias)
@@ -95,9 +102,13 @@ class MultiHeadAttention(nn.Module):
             check_mask(mask, (batch, self.num_heads, num_queries, num_keys))
         if head_mask is not None:
             if not isinstance(head_mask, torch.Tensor):
-                raise TypeError(f"head_mask must be a tensor of shape ({self.num_heads},), got {type(head_mask).__name__}")
+                raise TypeError(
+                    f"head_mask must be a tensor of shape ({self.num_heads},), got {type(head_mask).__name__}"
+                )
             if tuple(head_mask.shape) != (self.num_heads,):
-                raise ValueError(f"head_mask must have shape ({self.num_heads},) (one gate per head), got {tuple(head_mask.shape)}")
+                raise ValueError(
+                    f"head_mask must have shape ({self.num_heads},) (one gate per head), got {tuple(head_mask.shape)}"
+                )
         return valid_lens
 
     def _fold_mask(self, mask, batch: int):
@@ -146,6 +157,8 @@ class MultiHeadAttention(nn.Module):
         k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
         v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
         keep = combine_masks(valid_lens, mask, keys.shape[1])  # broadcasts to (B, H, Q, K), or None
+        if keep is not None:
+            keep = keep.to(q.device)
         dropout_p = self.attention.dropout if self.training else 0.0
         output = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)  # (B, H, Q, d)
         if keep is not None:
@@ -156,7 +169,6 @@ class MultiHeadAttention(nn.Module):
             output = output * head_mask.to(output)[:, None, None]  # (B, H, Q, d)
         self.attention_weights = None
         return self.W_o(output.transpose(1, 2).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
-
 
     def _no_heads(self, queries, keys, need_weights):
         batch, num_queries = queries.shape[:2]
@@ -182,7 +194,9 @@ class MultiHeadAttention(nn.Module):
             if isinstance(h, bool) or not isinstance(h, int):
                 raise TypeError(f"head numbers must be ints, got {h!r} in {heads}")
             if not 0 <= h < original:
-                raise ValueError(f"head {h} is out of range: this layer was built with {original} heads (0..{original - 1})")
+                raise ValueError(
+                    f"head {h} is out of range: this layer was built with {original} heads (0..{original - 1})"
+                )
         if len(set(heads)) != len(heads):
             raise ValueError(f"head numbers must not repeat, got {heads}")
         already = sorted(set(heads) - set(self.head_ids))
@@ -205,8 +219,9 @@ def _select(layer: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     weight = layer.weight.index_select(dim, index)  # (out', in) or (out, in')
     with warnings.catch_warnings():  # a zero-width layer (every head pruned) has nothing to initialise
         warnings.simplefilter("ignore", UserWarning)
-        new = nn.Linear(weight.shape[1], weight.shape[0], bias=layer.bias is not None,
-                        device=weight.device, dtype=weight.dtype)
+        new = nn.Linear(
+            weight.shape[1], weight.shape[0], bias=layer.bias is not None, device=weight.device, dtype=weight.dtype
+        )
     new.weight.copy_(weight)
     if layer.bias is not None:
         new.bias.copy_(layer.bias.index_select(0, index) if dim == 0 else layer.bias)

@@ -13,18 +13,8 @@ import torch
 from torch import nn
 
 from .attention import masked_softmax, scaled_dot_product_attention
-from .masks import padding_mask
+from .masks import combine_masks
 from .mha import MultiHeadAttention
-
-
-def _mask_4d(mask, valid_lens, num_keys: int):
-    """Combine ``valid_lens`` and a mask into one bool mask broadcastable to (B, H, Q, K), or None."""
-    keep = None
-    if valid_lens is not None:
-        keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1 or Q, K)
-    if mask is not None:
-        keep = mask if keep is None else keep & mask
-    return keep
 
 
 class HeadLoopMultiHeadAttention(MultiHeadAttention):
@@ -62,7 +52,7 @@ class EinsumMultiHeadAttention(MultiHeadAttention):
 
         q, k, v = split(self.W_q(queries)), split(self.W_k(keys)), split(self.W_v(values))
         scores = torch.einsum("hbqd,hbkd->hbqk", q / math.sqrt(d), k)  # (H, B, Q, K)
-        keep = _mask_4d(mask, valid_lens, keys.shape[1])  # ~(B, H, Q, K)
+        keep = combine_masks(valid_lens, mask, keys.shape[1])  # ~(B, H, Q, K)
         if keep is not None:
             keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape)).transpose(0, 1)  # ~(H, B, Q, K)
         weights = masked_softmax(scores, mask=keep)  # (H, B, Q, K)
@@ -71,7 +61,7 @@ class EinsumMultiHeadAttention(MultiHeadAttention):
             weights = nn.functional.dropout(weights, self.attention.dropout)
         out = torch.einsum("hbqk,hbkd->hbqd", weights, v)  # (H, B, Q, d)
         if head_mask is not None:
-            out = out * head_mask.to(out.dtype)[:, None, None, None]
+            out = out * head_mask.to(device=out.device, dtype=out.dtype)[:, None, None, None]
         return self.W_o(out.permute(1, 2, 0, 3).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
 
 
@@ -85,14 +75,23 @@ class SeqFirstMultiHeadAttention(MultiHeadAttention):
     """
 
     def forward(self, query, key, value, mask=None):
-        if mask is not None:
-            if mask.dtype != torch.bool:
-                raise TypeError(f"mask must be a bool tensor [Q, K, B] with True = may attend, got {mask.dtype}")
-            shape = (query.shape[0], key.shape[0], query.shape[1])
-            if mask.dim() != 3 or mask.shape[1] != shape[1] or mask.shape[0] not in (1, shape[0]) or mask.shape[2] not in (1, shape[2]):
-                raise ValueError(f"mask must have shape [Q, K, B] = {list(shape)} (Q or B may be 1), got {list(mask.shape)}")
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+            if x.dim() != 3:
+                raise ValueError(f"{name} must have shape [seq, batch, features], got {list(x.shape)}")
         # Reuse the batch-first checks on batch-first views (no copies).
         self.check_inputs(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1))
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                what = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+                raise TypeError(f"mask must be a bool tensor [Q, K, B] with True = may attend, got {what}")
+            shape = (query.shape[0], key.shape[0], query.shape[1])
+            fits = mask.dim() == 3 and mask.shape[1] == shape[1] and mask.shape[0] in (1, shape[0])
+            if not (fits and mask.shape[2] in (1, shape[2])):
+                raise ValueError(
+                    f"mask must have shape [Q, K, B] = {list(shape)} (Q or B may be 1), got {list(mask.shape)}"
+                )
         H, d = self.num_heads, self.head_size
         q = self.W_q(query).unflatten(-1, (H, d))  # (Q, B, H, d)
         k = self.W_k(key).unflatten(-1, (H, d))  # (K, B, H, d)
