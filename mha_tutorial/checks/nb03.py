@@ -1,3 +1,186 @@
-"""Checks for the exercises of notebook 03."""
+"""Checks for the exercises of notebook 03 (splitting into heads).
 
-__all__: list[str] = []
+Each check runs the learner's function on small tensors whose values are all
+different, so that a rearrangement that puts even one number in the wrong
+place is caught, and compares it with the package's reference. When the answer
+is wrong in a way that learners often get it wrong (no permute before the
+reshape, heads folded head-major instead of batch-major, ``repeat`` instead of
+``repeat_interleave``), the message names that mistake.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..heads import transpose_qkv
+from ._common import CheckFailed, NotAttempted, call, expect_shape, expect_tensor, passed
+
+__all__ = ["check_transpose_qkv", "check_transpose_output", "check_expand_valid_lens"]
+
+
+def _labelled(batch: int, steps: int, heads: int, head_size: int) -> torch.Tensor:
+    """(B, T, H*d) integer tensor whose entry for (b, t, h, j) is 1000 b + 100 t + 10 h + j."""
+    b = torch.arange(batch).view(-1, 1, 1, 1)
+    t = torch.arange(steps).view(1, -1, 1, 1)
+    h = torch.arange(heads).view(1, 1, -1, 1)
+    j = torch.arange(head_size).view(1, 1, 1, -1)
+    return (1000 * b + 100 * t + 10 * h + j).reshape(batch, steps, heads * head_size)
+
+
+# (batch, steps, heads, head_size): each has B > 1, T > 1 and H > 1, so that every
+# wrong ordering below gives a different tensor from the right one.
+_CASES = [(2, 3, 2, 2), (3, 4, 4, 3), (2, 5, 3, 1)]
+
+
+def _first_match(actual: torch.Tensor, candidates) -> str | None:
+    for message, wrong in candidates:
+        if actual.shape == wrong.shape and torch.equal(actual, wrong):
+            return message
+    return None
+
+
+def _run(fn, *args, case: str):
+    """Call the learner's function; a crash becomes a failure that names the case (and explains `view`)."""
+    try:
+        return call(fn, *args, case=case)
+    except (CheckFailed, NotAttempted):
+        raise
+    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported with its case
+        if isinstance(e, RuntimeError) and "view size is not compatible" in str(e):
+            raise CheckFailed(
+                f"{case}: .view() failed on a permuted (non-contiguous) tensor; use .reshape() "
+                f"(or .contiguous().view()) for the step that merges axes after the permute"
+            ) from None
+        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {e}") from None
+
+
+def _as_cpu(actual, case: str) -> torch.Tensor:
+    return expect_tensor(actual, case).detach().cpu()
+
+
+def check_transpose_qkv(fn) -> None:
+    """``fn(X, num_heads)``: (B, T, H*d) -> (B*H, T, d), row b*H + h = head h of example b."""
+    for batch, steps, heads, size in _CASES:
+        X = _labelled(batch, steps, heads, size)
+        case = f"X of shape {tuple(X.shape)}, num_heads={heads}"
+        actual = _as_cpu(_run(fn, X.clone(), heads, case=case), case)
+        if tuple(actual.shape) == (batch, heads, steps, size):
+            raise CheckFailed(
+                f"{case}: got the 4-D layout (B, H, T, d) = {tuple(actual.shape)}; fold the batch and head "
+                f"axes into one with .reshape({batch * heads}, {steps}, {size})"
+            )
+        expect_shape(actual, (batch * heads, steps, size), case)
+        expected = transpose_qkv(X, heads)
+        if torch.equal(actual, expected):
+            continue
+        split = X.reshape(batch, steps, heads, size)
+        mistake = _first_match(
+            actual,
+            [
+                (
+                    "reshaped straight to (B*H, T, d) without moving the head axis first: the features of "
+                    "different positions and heads get scrambled together; split the last axis into (H, d), "
+                    "then permute(0, 2, 1, 3) to (B, H, T, d), then reshape",
+                    X.reshape(batch * heads, steps, size),
+                ),
+                (
+                    "the heads are folded head-major (row h*B + b) instead of batch-major (row b*H + h): "
+                    "permute to (B, H, T, d), not (H, B, T, d), before folding",
+                    split.permute(2, 0, 1, 3).reshape(batch * heads, steps, size),
+                ),
+                (
+                    "the last axis was split as (d, H) instead of (H, d): head h must own the contiguous "
+                    "block of features h*d .. (h+1)*d - 1, not every H-th feature",
+                    X.reshape(batch, steps, size, heads).permute(0, 3, 1, 2).reshape(batch * heads, steps, size),
+                ),
+            ],
+        )
+        if mistake:
+            raise CheckFailed(f"{case}: {mistake}")
+        where = tuple(int(i) for i in (actual != expected).nonzero()[0])
+        raise CheckFailed(
+            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected "
+            f"{int(expected[where])} (the input holds 1000*b + 100*t + 10*h + j for example b, "
+            f"position t, head h, feature j)"
+        )
+    passed("check_transpose_qkv", len(_CASES))
+
+
+def check_transpose_output(fn) -> None:
+    """``fn(X, num_heads)``: (B*H, T, d) -> (B, T, H*d), the inverse of ``transpose_qkv``."""
+    for batch, steps, heads, size in _CASES:
+        X = _labelled(batch, steps, heads, size)
+        folded = transpose_qkv(X, heads)  # (B*H, T, d), rows batch-major
+        case = f"input of shape {tuple(folded.shape)}, num_heads={heads}"
+        actual = _as_cpu(_run(fn, folded.clone(), heads, case=case), case)
+        expect_shape(actual, (batch, steps, heads * size), case)
+        if torch.equal(actual, X):
+            continue
+        mistake = _first_match(
+            actual,
+            [
+                (
+                    "reshaped straight back to (B, T, H*d) without moving the head axis: unfold to "
+                    "(B, H, T, d), permute(0, 2, 1, 3) to (B, T, H, d), then merge the last two axes",
+                    folded.reshape(batch, steps, heads * size),
+                ),
+                (
+                    "unfolded the rows as head-major (row h*B + b), but transpose_qkv folds them batch-major "
+                    "(row b*H + h): reshape to (B, H, T, d), not (H, B, T, d)",
+                    folded.reshape(heads, batch, steps, size).permute(1, 2, 0, 3).reshape(batch, steps, heads * size),
+                ),
+                (
+                    "the heads are concatenated in the wrong order: their features come out interleaved "
+                    "(feature j of every head, then feature j+1, ...) because the last axes were merged as (d, H); "
+                    "permute to (B, T, H, d) so that head h fills features h*d .. (h+1)*d - 1",
+                    folded.reshape(batch, heads, steps, size).permute(0, 2, 3, 1).reshape(batch, steps, heads * size),
+                ),
+            ],
+        )
+        if mistake:
+            raise CheckFailed(f"{case}: {mistake}")
+        where = tuple(int(i) for i in (actual != X).nonzero()[0])
+        raise CheckFailed(
+            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected {int(X[where])}"
+        )
+    passed("check_transpose_output", len(_CASES))
+
+
+# (valid_lens, num_heads): lengths differ between examples, so `repeat` and
+# `repeat_interleave` give different answers; the last case is per query (B, Q).
+_LENS_CASES = [
+    ([3, 1], 2),
+    ([2, 4, 1], 3),
+    ([5, 2], 4),
+    ([[1, 2, 3], [3, 3, 1]], 2),
+]
+
+
+def check_expand_valid_lens(fn) -> None:
+    """``fn(valid_lens, num_heads)``: (B,) -> (B*H,) or (B, Q) -> (B*H, Q), row b*H + h = valid_lens[b]."""
+    for lens, heads in _LENS_CASES:
+        valid_lens = torch.tensor(lens)
+        case = f"valid_lens={lens}, num_heads={heads}"
+        actual = _as_cpu(_run(fn, valid_lens.clone(), heads, case=case), case)
+        if actual.is_floating_point() or actual.dtype == torch.bool:
+            raise CheckFailed(f"{case}: got dtype {actual.dtype}; lengths are counts, keep an integer dtype")
+        expected = torch.repeat_interleave(valid_lens, heads, dim=0)
+        if valid_lens.dim() == 2 and tuple(actual.shape) == (valid_lens.numel() * heads,):
+            raise CheckFailed(
+                f"{case}: got a flat tensor of shape {tuple(actual.shape)}: per-query lengths (B, Q) must "
+                f"stay one row per (example, head); pass dim=0 to repeat_interleave"
+            )
+        expect_shape(actual, expected.shape, case)
+        if torch.equal(actual, expected):
+            continue
+        tiled = valid_lens.repeat(heads) if valid_lens.dim() == 1 else valid_lens.repeat(heads, 1)
+        if torch.equal(actual, tiled):
+            raise CheckFailed(
+                f"{case}: looks like `repeat` instead of `repeat_interleave`: got {actual.tolist()}, "
+                f"expected {expected.tolist()}. `repeat` tiles the whole vector, so row b*H + h would get "
+                f"the length of example (b*H + h) mod B; each example's length must be repeated H times in place"
+            )
+        raise CheckFailed(
+            f"{case}: got {actual.tolist()}, expected {expected.tolist()} (row b*H + h holds valid_lens[b])"
+        )
+    passed("check_expand_valid_lens", len(_LENS_CASES))

@@ -1,0 +1,388 @@
+"""The exercise checks of notebooks 03 and 04 accept right answers and reject typical wrong ones by name."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from mha_tutorial import MultiHeadAttention, scaled_dot_product_attention, transpose_output, transpose_qkv
+from mha_tutorial.checks import (
+    CheckFailed,
+    check_expand_valid_lens,
+    check_head_off,
+    check_mha_forward,
+    check_num_params,
+    check_transpose_output,
+    check_transpose_qkv,
+)
+from mha_tutorial.checks.nb04 import _forward_cases, _variant
+
+# ---------------------------------------------------------------- notebook 03
+
+
+def qkv_right(X, num_heads):
+    B, T, D = X.shape
+    return X.view(B, T, num_heads, D // num_heads).transpose(1, 2).reshape(B * num_heads, T, D // num_heads)
+
+
+def qkv_no_permute(X, num_heads):
+    B, T, D = X.shape
+    return X.reshape(B * num_heads, T, D // num_heads)
+
+
+def qkv_head_major(X, num_heads):
+    B, T, D = X.shape
+    return X.reshape(B, T, num_heads, D // num_heads).permute(2, 0, 1, 3).reshape(B * num_heads, T, D // num_heads)
+
+
+def qkv_split_d_h(X, num_heads):
+    B, T, D = X.shape
+    d = D // num_heads
+    return X.reshape(B, T, d, num_heads).permute(0, 3, 1, 2).reshape(B * num_heads, T, d)
+
+
+def qkv_four_d(X, num_heads):
+    B, T, D = X.shape
+    return X.reshape(B, T, num_heads, D // num_heads).permute(0, 2, 1, 3)
+
+
+def qkv_view_after_permute(X, num_heads):
+    B, T, D = X.shape
+    return X.view(B, T, num_heads, D // num_heads).permute(0, 2, 1, 3).view(B * num_heads, T, D // num_heads)
+
+
+def qkv_off_by_one(X, num_heads):
+    out = qkv_right(X, num_heads).clone()
+    out[0, 0, 0] += 1
+    return out
+
+
+def test_transpose_qkv_accepts_right_answers(capsys):
+    check_transpose_qkv(qkv_right)
+    check_transpose_qkv(transpose_qkv)
+    assert "✓ check_transpose_qkv: passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (qkv_no_permute, "without moving the head axis"),
+        (qkv_head_major, "head-major"),
+        (qkv_split_d_h, "split as (d, H)"),
+        (qkv_four_d, "4-D layout"),
+        (qkv_view_after_permute, "use .reshape()"),
+        (qkv_off_by_one, "wrong values, first at index (0, 0, 0)"),
+    ],
+)
+def test_transpose_qkv_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed, match=None) as info:
+        check_transpose_qkv(wrong)
+    assert words in str(info.value)
+
+
+def out_right(X, num_heads):
+    BH, T, d = X.shape
+    return X.view(BH // num_heads, num_heads, T, d).transpose(1, 2).reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_no_permute(X, num_heads):
+    BH, T, d = X.shape
+    return X.reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_head_major(X, num_heads):
+    BH, T, d = X.shape
+    return X.reshape(num_heads, BH // num_heads, T, d).permute(1, 2, 0, 3).reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_interleaved(X, num_heads):
+    BH, T, d = X.shape
+    return X.reshape(BH // num_heads, num_heads, T, d).permute(0, 2, 3, 1).reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_not_implemented(X, num_heads):
+    raise NotImplementedError("write me")
+
+
+def test_not_attempted_is_reported_not_raised(capsys):
+    """A stub that still raises NotImplementedError (the student edition) gets a friendly line, not a failure."""
+    check_transpose_output(out_not_implemented)
+    check_mha_forward(lambda *a, **kw: out_not_implemented(None, None))
+    check_num_params(lambda *a, **kw: out_not_implemented(None, None))
+    out = capsys.readouterr().out
+    assert "check_transpose_output: not attempted yet (write me)" in out
+    assert "check_mha_forward: not attempted yet" in out and "check_num_params: not attempted yet" in out
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        check_transpose_qkv,
+        check_transpose_output,
+        check_expand_valid_lens,
+        check_mha_forward,
+        check_num_params,
+        check_head_off,
+    ],
+)
+def test_a_crash_names_the_case(check):
+    def crash(*args, **kwargs):
+        raise IndexError("boom")
+
+    with pytest.raises(CheckFailed) as info:
+        check(crash)
+    assert "your function raised IndexError: boom" in str(info.value)
+
+
+def test_transpose_output_accepts_right_answers(capsys):
+    check_transpose_output(out_right)
+    check_transpose_output(transpose_output)
+    assert "passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (out_no_permute, "without moving the head axis"),
+        (out_head_major, "head-major"),
+        (out_interleaved, "interleaved"),
+        (lambda X, H: X, "wrong shape"),
+    ],
+)
+def test_transpose_output_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_transpose_output(wrong)
+    assert words in str(info.value)
+
+
+def test_expand_valid_lens_accepts_right_answers(capsys):
+    check_expand_valid_lens(lambda v, h: torch.repeat_interleave(v, h, dim=0))
+    check_expand_valid_lens(lambda v, h: v[:, None].expand(v.shape[0], h, *v.shape[1:]).flatten(0, 1))
+    assert "passed on 4 cases" in capsys.readouterr().out
+
+
+def lens_repeat(v, h):
+    return v.repeat(h) if v.dim() == 1 else v.repeat(h, 1)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lens_repeat, "`repeat` instead of `repeat_interleave`"),
+        (lambda v, h: torch.repeat_interleave(v, h), "pass dim=0"),  # flattens a (B, Q) tensor
+        (lambda v, h: torch.repeat_interleave(v, h, dim=0).float(), "integer dtype"),
+        (lambda v, h: v, "wrong shape"),
+    ],
+)
+def test_expand_valid_lens_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_expand_valid_lens(wrong)
+    assert words in str(info.value)
+
+
+# ---------------------------------------------------------------- notebook 04
+
+
+def mha_right(net, queries, keys, values, valid_lens=None):
+    H = net.num_heads
+    q, k, v = (transpose_qkv(W(x), H) for W, x in ((net.W_q, queries), (net.W_k, keys), (net.W_v, values)))
+    if valid_lens is not None:
+        valid_lens = torch.repeat_interleave(valid_lens, H, dim=0)
+    out, _ = scaled_dot_product_attention(q, k, v, valid_lens)
+    return net.W_o(transpose_output(out, H))
+
+
+def test_variant_defaults_match_the_package():
+    for net, q, k, v, valid_lens, _ in _forward_cases():
+        with torch.no_grad():
+            assert torch.allclose(
+                _variant(net, q, k, v, valid_lens), MultiHeadAttention.forward(net, q, k, v, valid_lens), atol=1e-6
+            )
+
+
+def test_every_named_forward_mistake_differs_from_the_right_answer():
+    """Otherwise a mistake could be 'recognised' in an answer that is in fact right."""
+    from mha_tutorial.checks.nb04 import _MISTAKES
+
+    for net, q, k, v, valid_lens, _ in _forward_cases():
+        with torch.no_grad():
+            right = _variant(net, q, k, v, valid_lens)
+            for message, flags in _MISTAKES:
+                if flags.get("lens") and valid_lens is None:
+                    continue
+                assert not torch.allclose(right, _variant(net, q, k, v, valid_lens, **flags), atol=1e-5), message
+
+
+def test_mha_forward_accepts_right_answer(capsys):
+    check_mha_forward(mha_right)
+    assert "✓ check_mha_forward: passed on 3 cases" in capsys.readouterr().out
+
+
+def mha_no_wo(net, queries, keys, values, valid_lens=None):
+    return _variant(net, queries, keys, values, valid_lens, use_wo=False)
+
+
+def mha_no_scale(net, queries, keys, values, valid_lens=None):
+    H, d = net.num_heads, net.head_size
+    q, k, v = (transpose_qkv(W(x), H) for W, x in ((net.W_q, queries), (net.W_k, keys), (net.W_v, values)))
+    if valid_lens is not None:
+        valid_lens = torch.repeat_interleave(valid_lens, H, dim=0)
+    out, _ = scaled_dot_product_attention(q * math.sqrt(d), k, v, valid_lens)  # undoes the 1/sqrt(d)
+    return net.W_o(transpose_output(out, H))
+
+
+def mha_repeat(net, queries, keys, values, valid_lens=None):
+    H = net.num_heads
+    q, k, v = (transpose_qkv(W(x), H) for W, x in ((net.W_q, queries), (net.W_k, keys), (net.W_v, values)))
+    if valid_lens is not None:
+        valid_lens = valid_lens.repeat(H)
+    out, _ = scaled_dot_product_attention(q, k, v, valid_lens)
+    return net.W_o(transpose_output(out, H))
+
+
+def mha_interleaved(net, queries, keys, values, valid_lens=None):
+    return _variant(net, queries, keys, values, valid_lens, concat="interleaved")
+
+
+def mha_calls_net(net, queries, keys, values, valid_lens=None):
+    return net(queries, keys, values, valid_lens)
+
+
+def mha_edits_weights(net, queries, keys, values, valid_lens=None):
+    with torch.no_grad():
+        net.W_o.weight.mul_(1.0001)
+    return mha_right(net, queries, keys, values, valid_lens)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (mha_no_wo, "forgot the output projection"),
+        (mha_no_scale, "forgot the 1/sqrt(d) scale"),
+        (mha_repeat, "`repeat` instead of `repeat_interleave`"),
+        (mha_interleaved, "wrong order"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, concat="reversed"), "last head first"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, scale="model"), "1/sqrt(num_hiddens)"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, None), "valid_lens is ignored"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, split=False, scale="model"), "never split"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, softmax_dim=-2), "wrong axis"),
+        (mha_calls_net, "called net(...) itself"),
+        (mha_edits_weights, "changed net.W_o.weight"),
+        (lambda net, q, k, v, vl=None: mha_right(net, q, k, v, vl) + 1e-3, "wrong values"),
+    ],
+)
+def test_mha_forward_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_mha_forward(wrong)
+    assert words in str(info.value)
+
+
+def params_right(num_hiddens, num_heads, bias, query_size=None, key_size=None, value_size=None):
+    q, k, v = (s or num_hiddens for s in (query_size, key_size, value_size))
+    return num_hiddens * (q + k + v + num_hiddens) + (4 * num_hiddens if bias else 0)
+
+
+def test_num_params_accepts_right_answer(capsys):
+    check_num_params(params_right)
+    check_num_params(lambda *a, **kw: torch.tensor(params_right(*a, **kw)))  # a 0-d integer tensor is fine
+    assert "passed on 5 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda D, H, bias, **kw: params_right(D, H, False, **kw), "forgot the bias vectors"),
+        (lambda D, H, bias, **kw: params_right(D, H, False, **kw) + 4 * D, "with bias=False the projections have none"),
+        (lambda D, H, bias, **kw: params_right(D, H, bias, **kw) - D * D - (D if bias else 0), "forgot W_o"),
+        (lambda D, H, bias, **kw: 4 * H * (D // H) ** 2 + (4 * D if bias else 0), "d x d block per head"),
+        (lambda D, H, bias, **kw: 4 * D * D + (4 * D if bias else 0), "ignored query_size"),
+        (lambda D, H, bias, **kw: float(params_right(D, H, bias, **kw)), "as an int"),
+        (lambda D, H, bias, **kw: params_right(D, H, bias, **kw) + 1, "got"),
+    ],
+)
+def test_num_params_names_mistakes(wrong, words):
+    def fn(num_hiddens, num_heads, bias, **kw):
+        return wrong(num_hiddens, num_heads, bias, **kw)
+
+    with pytest.raises(CheckFailed) as info:
+        check_num_params(fn)
+    assert words in str(info.value)
+
+
+def off_right(net, X, h):
+    other = copy.deepcopy(net)
+    d = net.head_size
+    with torch.no_grad():
+        other.W_o.weight[:, h * d : (h + 1) * d] = 0
+    return other(X, X, X)
+
+
+def off_via_values(net, X, h):
+    other = copy.deepcopy(net)
+    d = net.head_size
+    with torch.no_grad():
+        other.W_v.weight[h * d : (h + 1) * d] = 0
+        if other.W_v.bias is not None:
+            other.W_v.bias[h * d : (h + 1) * d] = 0
+    return other(X, X, X)
+
+
+def test_head_off_accepts_right_answers(capsys):
+    check_head_off(off_right)
+    check_head_off(off_via_values)
+    assert "passed on 3 cases" in capsys.readouterr().out
+
+
+def off_rows(net, X, h):
+    other = copy.deepcopy(net)
+    d = net.head_size
+    with torch.no_grad():
+        other.W_o.weight[h * d : (h + 1) * d] = 0
+    return other(X, X, X)
+
+
+def off_in_place(net, X, h):
+    d = net.head_size
+    with torch.no_grad():
+        net.W_o.weight[:, h * d : (h + 1) * d] = 0
+    return net(X, X, X)
+
+
+def off_next_head(net, X, h):
+    return off_right(net, X, (h + 1) % net.num_heads)
+
+
+def off_with_head_mask(net, X, h):
+    gates = torch.ones(net.num_heads)
+    gates[h] = 0
+    return net(X, X, X, head_mask=gates)
+
+
+def off_queries(net, X, h):
+    other = copy.deepcopy(net)
+    d = net.head_size
+    with torch.no_grad():
+        other.W_q.weight[h * d : (h + 1) * d] = 0
+        if other.W_q.bias is not None:
+            other.W_q.bias[h * d : (h + 1) * d] = 0
+    return other(X, X, X)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (off_rows, "zeroed rows of W_o.weight"),
+        (off_in_place, "in place"),
+        (off_next_head, "instead of head"),
+        (off_with_head_mask, "without head_mask"),
+        (off_queries, "attend uniformly"),
+        (lambda net, X, h: net(X, X, X), "nothing was switched off"),
+    ],
+)
+def test_head_off_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_head_off(wrong)
+    assert words in str(info.value)
