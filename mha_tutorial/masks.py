@@ -34,6 +34,14 @@ def as_valid_lens(valid_lens) -> torch.Tensor:
     return valid_lens
 
 
+def _check_range(valid_lens: torch.Tensor, num_keys: int) -> None:
+    if valid_lens.numel() and (valid_lens.min() < 0 or valid_lens.max() > num_keys):
+        raise ValueError(
+            f"valid_lens values must lie in [0, {num_keys}] (there are {num_keys} keys), "
+            f"got min {int(valid_lens.min())} and max {int(valid_lens.max())}"
+        )
+
+
 def check_valid_lens(valid_lens: torch.Tensor, batch_size: int, num_queries: int, num_keys: int) -> None:
     """Raise ``ValueError`` unless ``valid_lens`` is (B,) or (B, Q) with values in [0, K]."""
     shape = _shape(valid_lens)
@@ -42,11 +50,7 @@ def check_valid_lens(valid_lens: torch.Tensor, batch_size: int, num_queries: int
             f"valid_lens has shape {shape}, expected ({batch_size},) or ({batch_size}, {num_queries}) "
             f"for a batch of {batch_size} with {num_queries} queries"
         )
-    if valid_lens.numel() and (valid_lens.min() < 0 or valid_lens.max() > num_keys):
-        raise ValueError(
-            f"valid_lens values must lie in [0, {num_keys}] (there are {num_keys} keys), "
-            f"got min {int(valid_lens.min())} and max {int(valid_lens.max())}"
-        )
+    _check_range(valid_lens, num_keys)
 
 
 def check_mask(mask: torch.Tensor, shape: tuple) -> None:
@@ -74,6 +78,7 @@ def padding_mask(valid_lens, num_keys: int) -> torch.Tensor:
     valid_lens = as_valid_lens(valid_lens)
     if valid_lens.dim() not in (1, 2):
         raise ValueError(f"valid_lens must have shape (B,) or (B, Q), got {_shape(valid_lens)}")
+    _check_range(valid_lens, num_keys)
     positions = torch.arange(num_keys, device=valid_lens.device)  # (K,)
     lens = valid_lens[:, None] if valid_lens.dim() == 1 else valid_lens
     return positions < lens[..., None]  # (B, 1 or Q, K)
@@ -84,7 +89,8 @@ def causal_mask(num_queries: int, num_keys: int | None = None, device=None) -> t
 
     When there are more keys than queries (a decoder continuing a cached
     prefix), the queries are the *last* Q positions, so query i sees keys up to
-    i + (K - Q).
+    i + (K - Q). With fewer keys than queries the same rule leaves the first
+    Q - K queries with no visible key (rows of False).
     """
     num_keys = num_queries if num_keys is None else num_keys
     if num_queries < 0 or num_keys < 0:

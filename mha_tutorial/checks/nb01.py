@@ -1,3 +1,214 @@
-"""Checks for the exercises of notebook 01."""
+"""Checks for the exercises of notebook 01 (scaled dot-product attention).
 
-__all__: list[str] = []
+Each check runs the learner's function on a few small seeded cases, compares
+with the package (or ``torch.softmax``), and when the answer is wrong tries a
+list of typical mistakes: if the wrong answer matches one of them, the
+failure message names it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from ..attention import scaled_dot_product_attention
+from ._common import CheckFailed, NotAttempted, call, expect_close, expect_finite, expect_shape, expect_tensor, passed
+
+__all__ = ["check_softmax", "check_temperature_attention", "check_attention_entropy"]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen(seed)) * scale
+
+
+def _run(fn, *args, case: str, hint: str = ""):
+    """Call the learner's function; turn a crash into a failure that says which case crashed."""
+    try:
+        return call(fn, *args, case=case)
+    except (CheckFailed, NotAttempted):  # a wrong answer, or a stub of the student edition: pass it on
+        raise
+    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported, with a hint
+        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {e}{hint}") from None
+
+
+def _same(actual: torch.Tensor, candidate: torch.Tensor, atol: float = 1e-5) -> bool:
+    if tuple(actual.shape) != tuple(candidate.shape):
+        return False
+    actual = actual.detach().to(candidate.dtype).cpu()
+    if not (torch.isfinite(actual).all() and torch.isfinite(candidate).all()):
+        return False
+    return bool(torch.allclose(actual, candidate, atol=atol, rtol=1e-4))
+
+
+def _diagnose(actual: torch.Tensor, expected: torch.Tensor, mistakes: list, case: str, atol: float = 1e-5) -> None:
+    """Pass if ``actual`` matches ``expected``; else name the first mistake it matches; else show the difference."""
+    if _same(actual, expected, atol):
+        return
+    for description, candidate in mistakes:
+        if candidate is not None and _same(actual, candidate, atol):
+            raise CheckFailed(f"{case}: {description}")
+    expect_close(actual, expected, case, atol=atol, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- Exercise 1
+
+
+def check_softmax(my_softmax) -> None:
+    """``my_softmax(scores)``: softmax over the keys (last axis), safe for large scores."""
+    cases = [
+        ("scores of shape (2, 3, 5)", _randn(2, 3, 5, seed=1)),
+        ("scores of shape (2, 4, 4) (as many queries as keys)", _randn(2, 4, 4, seed=2)),
+        ("scores with a head axis, shape (2, 2, 3, 4)", _randn(2, 2, 3, 4, seed=3)),
+        ("large scores (around 1000), shape (1, 3, 4)", _randn(1, 3, 4, seed=4, scale=30.0) + 1000.0),
+        ("scores with -inf entries (masked keys), shape (1, 2, 3)",
+         torch.tensor([[[0.5, float("-inf"), 1.5], [float("-inf"), 2.0, 0.0]]])),
+    ]
+    for case, scores in cases:
+        original = scores.clone()
+        out = expect_tensor(_run(my_softmax, scores, case=case), case)
+        if not torch.equal(scores, original):
+            raise CheckFailed(f"{case}: your function changed its input in place; work on a copy")
+        scores = original
+        expected = F.softmax(scores, dim=-1)
+        if tuple(out.shape) != tuple(scores.shape):
+            raise CheckFailed(
+                f"{case}: wrong shape {tuple(out.shape)}, expected {tuple(scores.shape)}: softmax keeps the shape "
+                "of the scores (did you sum without keepdim=True, so the division broadcast wrongly?)"
+            )
+        if not torch.isfinite(out).all():
+            raise CheckFailed(
+                f"{case}: the result contains NaN or inf. exp(1000) overflows float32: subtract each row's "
+                "maximum before exp (softmax(x) = softmax(x - max x), so the answer does not change)"
+            )
+        mistakes = [
+            ("rows sum to 1 over the wrong axis: you normalised over the queries (dim=-2); "
+             "softmax must be over the keys (dim=-1)", F.softmax(scores, dim=-2)),
+            ("rows sum to 1 over the wrong axis: you normalised over the first axis (dim=0); "
+             "softmax must be over the keys (dim=-1)", F.softmax(scores, dim=0)),
+            ("rows sum to 1 over the wrong axis: you normalised over dim=1, which is the keys only for 2-D "
+             "scores; use dim=-1 so the code works for any number of leading axes", F.softmax(scores, dim=1)),
+            ("the result is exp(scores) without dividing by the row sum", torch.exp(scores)),
+            ("you normalised by the sum over the whole tensor instead of each row (over the keys, dim=-1)",
+             torch.exp(scores - scores.max()) / torch.exp(scores - scores.max()).sum()),
+        ]
+        _diagnose(out, expected, mistakes, case)
+    passed("check_softmax", len(cases))
+
+
+# --------------------------------------------------------------------------- Exercise 2
+
+
+def _weights(queries, keys, temperature, scale, dim=-1, transpose_scores=False):
+    scores = queries @ keys.transpose(-2, -1) * scale / temperature
+    if transpose_scores:
+        scores = keys @ queries.transpose(-2, -1) * scale / temperature
+    return F.softmax(scores, dim=dim)
+
+
+def check_temperature_attention(my_attention) -> None:
+    """``my_attention(queries, keys, values, temperature)`` -> (output, weights), softmax(Q K^T / (T sqrt d)) V."""
+    cases = [
+        ("3-D inputs, 4 queries and 4 keys, temperature 1", (2, 4, 4, 8, 5), 1.0, 11),
+        ("3-D inputs, 4 queries and 4 keys, temperature 0.5", (2, 4, 4, 9, 3), 0.5, 12),
+        ("3-D inputs, 3 queries and 4 keys, temperature 1", (2, 3, 4, 8, 5), 1.0, 10),
+        ("3-D inputs, 3 queries and 5 keys, temperature 3", (1, 3, 5, 4, 2), 3.0, 13),
+        ("4-D inputs with a head axis (2, 2, 3, 4, d=8), temperature 2", (2, 3, 4, 8, 5), 2.0, 14),
+    ]
+    hint = (
+        "\nHint: scores = queries @ keys.transpose(-2, -1) has shape (..., Q, K); transposing the last two axes "
+        "(not keys.T, which reverses every axis, nor transpose(1, 2), which breaks once a head axis is added) "
+        "works for 3-D and 4-D inputs."
+    )
+    for case, (B, Q, K, d, v), temperature, seed in cases:
+        lead = (B, 2) if "4-D" in case else (B,)
+        queries = _randn(*lead, Q, d, seed=seed)
+        keys = _randn(*lead, K, d, seed=seed + 100)
+        values = _randn(*lead, K, v, seed=seed + 200)
+        result = _run(my_attention, queries, keys, values, temperature, case=case, hint=hint)
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise CheckFailed(f"{case}: return a pair (output, weights), got {type(result).__name__}")
+        output, weights = (expect_tensor(x, case) for x in result)
+        ref_out, ref_w = scaled_dot_product_attention(queries / temperature, keys, values)
+        r = 1.0 / math.sqrt(d)
+        if tuple(weights.shape) != (*lead, Q, K):
+            if tuple(weights.shape) == (*lead, K, Q):
+                raise CheckFailed(
+                    f"{case}: weights have shape {tuple(weights.shape)} = (..., K, Q), expected (..., Q, K): "
+                    "the scores are Q @ K^T (one row per query), not K @ Q^T"
+                )
+            expect_shape(weights, (*lead, Q, K), case + " (weights, one row per query)")
+        expect_finite(weights, case)
+        mistakes = [
+            ("forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / T)",
+             _weights(queries, keys, temperature, 1.0)),
+            ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
+            ("multiplied by sqrt(d) instead of dividing by it", _weights(queries, keys, temperature, math.sqrt(d))),
+            ("multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
+             _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None),
+            ("the temperature is ignored: the weights are those of temperature 1",
+             _weights(queries, keys, 1.0, r) if temperature != 1 else None),
+            ("softmax over the wrong axis: you normalised over the queries (dim=-2); it must be over the keys "
+             "(dim=-1), so that each query's weights sum to 1", _weights(queries, keys, temperature, r, dim=-2)),
+            ("wrong transposition: the weights are softmax(K Q^T) (one row per key); the scores are "
+             "Q @ K^T, one row per query", _weights(queries, keys, temperature, r, transpose_scores=True)),
+        ]
+        _diagnose(weights, ref_w, mistakes, case + " (weights)")
+        expect_shape(output, (*lead, Q, v), case + " (output)")
+        out_mistakes = [
+            ("the output uses the transposed weights (weights^T @ values); it must be weights @ values",
+             ref_w.transpose(-2, -1) @ values if Q == K else None),
+        ]
+        _diagnose(output, ref_out, out_mistakes, case + " (output)")
+    passed("check_temperature_attention", len(cases))
+
+
+# --------------------------------------------------------------------------- Exercise 3
+
+
+def _entropy(weights: torch.Tensor) -> torch.Tensor:
+    return -torch.xlogy(weights, weights).sum(dim=-1)
+
+
+def check_attention_entropy(attention_entropy) -> None:
+    """``attention_entropy(weights)`` -> entropy in nats of each query's weights, shape (..., Q)."""
+    uniform = torch.full((1, 3, 4), 0.25)
+    one_hot = F.one_hot(torch.tensor([[0, 2, 1]]), 4).float()  # (1, 3, 4)
+    zero_rows = F.softmax(_randn(2, 3, 5, seed=21).masked_fill(torch.tensor([False, False, True, True, False]),
+                                                                 float("-inf")), dim=-1)
+    cases = [
+        ("uniform weights over 4 keys (entropy log 4)", uniform),
+        ("one-hot weights (entropy 0)", one_hot),
+        ("random weights, shape (2, 3, 5)", F.softmax(_randn(2, 3, 5, seed=20), dim=-1)),
+        ("weights with exact zeros (masked keys), shape (2, 3, 5)", zero_rows),
+        ("weights with a head axis, shape (2, 2, 3, 6)", F.softmax(_randn(2, 2, 3, 6, seed=22) * 2, dim=-1)),
+    ]
+    for case, weights in cases:
+        out = expect_tensor(_run(attention_entropy, weights.clone(), case=case), case)
+        expected = _entropy(weights)
+        if tuple(out.shape) == (*weights.shape[:-1], 1):
+            raise CheckFailed(f"{case}: shape {tuple(out.shape)}: drop the summed key axis (keepdim=False), "
+                              f"expected {tuple(expected.shape)}")
+        per_key = tuple(weights.shape[:-2]) + (weights.shape[-1],)
+        if tuple(out.shape) == per_key and weights.shape[-1] != weights.shape[-2]:
+            raise CheckFailed(f"{case}: shape {tuple(out.shape)} has one entry per key: sum over the keys "
+                              f"(dim=-1) to get one entropy per query, shape {tuple(expected.shape)}")
+        expect_shape(out, expected.shape, case + " (one entropy per query)")
+        if torch.isnan(out).any():
+            raise CheckFailed(
+                f"{case}: NaN: a weight of exactly 0 gives 0 * log 0 = 0 * (-inf) = NaN. By convention 0 log 0 = 0 "
+                "(the limit of p log p): use torch.xlogy(p, p) or clamp p before the log"
+            )
+        mistakes = [
+            ("the entropy is negative: H = -sum p log p has a minus sign", -expected),
+            ("used log base 2 (bits); measure in nats with the natural log, torch.log",
+             expected / math.log(2)),
+            ("averaged over the keys instead of summing (mean instead of sum)", expected / weights.shape[-1]),
+        ]
+        _diagnose(out, expected, mistakes, case, atol=1e-4)
+    passed("check_attention_entropy", len(cases))

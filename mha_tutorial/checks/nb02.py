@@ -1,3 +1,215 @@
-"""Checks for the exercises of notebook 02."""
+"""Checks for the exercises of notebook 02 (masking).
 
-__all__: list[str] = []
+Every mask here uses the package's convention: a bool tensor where True means
+"this query may attend to this key" (the convention of
+``F.scaled_dot_product_attention``). When a wrong answer matches a typical
+mistake -- the inverted convention, an off-by-one diagonal, NaN or a uniform
+row where a query sees no key -- the failure message names it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..attention import masked_softmax
+from ..masks import causal_mask, padding_mask
+from ._common import CheckFailed, NotAttempted, call, expect_close, expect_shape, expect_tensor, passed
+
+__all__ = ["check_causal_mask", "check_padding_mask", "check_masked_softmax"]
+
+_INVERTED = (
+    "mask convention inverted: True must mean 'may attend' (the convention of F.scaled_dot_product_attention); "
+    "you returned nn.MultiheadAttention's convention, where True means 'ignore'"
+)
+
+
+def _run(fn, *args, case: str, hint: str = ""):
+    """Call the learner's function; turn a crash into a failure that says which case crashed."""
+    try:
+        return call(fn, *args, case=case)
+    except (CheckFailed, NotAttempted):  # a wrong answer, or a stub of the student edition: pass it on
+        raise
+    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported, with a hint
+        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {e}{hint}") from None
+
+
+def _expect_bool_mask(actual, shape: tuple, case: str) -> torch.Tensor:
+    actual = expect_tensor(actual, case)
+    if actual.dtype != torch.bool:
+        raise CheckFailed(
+            f"{case}: the mask has dtype {actual.dtype}; return a bool tensor (True = may attend). "
+            "A float 0/1 or 0/-inf mask means something different to attention code (it is *added* to the scores)"
+        )
+    expect_shape(actual, shape, case)
+    return actual.cpu()
+
+
+def _diagnose_mask(actual: torch.Tensor, expected: torch.Tensor, mistakes: list, case: str) -> None:
+    if torch.equal(actual, expected):
+        return
+    for description, candidate in mistakes:
+        if candidate is not None and torch.equal(actual, candidate):
+            raise CheckFailed(f"{case}: {description}")
+    where = tuple(int(i) for i in (actual != expected).nonzero()[0])
+    raise CheckFailed(
+        f"{case}: wrong mask, first at index {where}: got {bool(actual[where])}, expected {bool(expected[where])}"
+        f"\nexpected:\n{expected.int()}\ngot:\n{actual.int()}"
+    )
+
+
+# --------------------------------------------------------------------------- Exercise 1
+
+
+def check_causal_mask(my_causal_mask) -> None:
+    """``my_causal_mask(num_queries, num_keys=None)`` -> bool (Q, K), True where query i may see key j."""
+    cases = [(4, None), (5, 5), (1, None), (3, 5), (2, 6)]
+    for num_queries, num_keys in cases:
+        K = num_queries if num_keys is None else num_keys
+        args = (num_queries,) if num_keys is None else (num_queries, num_keys)
+        case = f"my_causal_mask{args}"
+        actual = _expect_bool_mask(_run(my_causal_mask, *args, case=case), (num_queries, K), case)
+        expected = causal_mask(num_queries, K)
+        ones = torch.ones(num_queries, K, dtype=torch.bool)
+        offset = K - num_queries
+        mistakes = [
+            (_INVERTED, ~expected),
+            ("off-by-one on the diagonal: each query must also see its own position (key j = i is allowed); "
+             "use tril with diagonal 0, not -1", ones.tril(offset - 1)),
+            ("off-by-one on the diagonal: query i may see keys 0..i, not i + 1 (that is one step into the future)",
+             ones.tril(offset + 1)),
+            ("upper triangle: query i would see the *future* keys j > i; a causal mask keeps the lower triangle "
+             "(j <= i)", ones.triu(-offset)),
+            ("with more keys than queries, the queries are the *last* Q positions (e.g. new tokens after a cached "
+             f"prefix), so query i sees keys 0..i + (K - Q): use tril(diagonal=K - Q) = tril({offset})",
+             ones.tril(0) if offset else None),
+            ("you anchored the mask at the bottom-right but inverted it", ~ones.tril(0) if offset else None),
+        ]
+        _diagnose_mask(actual, expected, mistakes, case)
+    passed("check_causal_mask", len(cases))
+
+
+# --------------------------------------------------------------------------- Exercise 2
+
+
+def check_padding_mask(my_padding_mask) -> None:
+    """``my_padding_mask(valid_lens, num_keys)`` -> bool (B, 1, K) for (B,) lengths, (B, Q, K) for (B, Q)."""
+    cases = [
+        (torch.tensor([3, 1, 4]), 4),
+        (torch.tensor([0, 2]), 3),
+        (torch.tensor([5]), 5),
+        (torch.tensor([[1, 2, 3], [2, 2, 0]]), 3),
+        (torch.tensor([[4, 1], [0, 3], [2, 2]]), 4),
+    ]
+    for valid_lens, num_keys in cases:
+        case = f"my_padding_mask(valid_lens={valid_lens.tolist()}, num_keys={num_keys})"
+        actual = expect_tensor(_run(my_padding_mask, valid_lens.clone(), num_keys, case=case), case)
+        expected = padding_mask(valid_lens, num_keys)
+        B = valid_lens.shape[0]
+        if valid_lens.dim() == 1 and tuple(actual.shape) == (B, num_keys):
+            raise CheckFailed(
+                f"{case}: shape {(B, num_keys)}, expected {tuple(expected.shape)}. Without the middle query axis, "
+                "a (B, K) mask broadcasts against (B, Q, K) scores as if B were the query axis: every example "
+                "would be masked with another example's lengths. Add the axis: (B, 1, K)"
+            )
+        if valid_lens.dim() == 2 and tuple(actual.shape) != tuple(expected.shape):
+            raise CheckFailed(
+                f"{case}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}. With 2-D valid_lens (B, Q) "
+                "each query has its own length, so the mask has one row per query: compare positions (K,) with "
+                "valid_lens[..., None] (B, Q, 1)"
+            )
+        actual = _expect_bool_mask(actual, tuple(expected.shape), case)
+        positions = torch.arange(num_keys)
+        lens = valid_lens[:, None, None] if valid_lens.dim() == 1 else valid_lens[..., None]
+        mistakes = [
+            (_INVERTED + " (True on the padding)", ~expected),
+            ("off-by-one: valid_lens counts the visible keys, so key j is visible when j < valid_len (not <=)",
+             positions <= lens),
+            ("off-by-one: key j is visible when j < valid_len (you used j < valid_len - 1)", positions < lens - 1),
+        ]
+        _diagnose_mask(actual, expected, mistakes, case)
+    passed("check_padding_mask", len(cases))
+
+
+# --------------------------------------------------------------------------- Exercise 3
+
+
+def _seeded_scores(shape, seed, dtype=torch.float32):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2).to(dtype)
+
+
+def check_masked_softmax(my_masked_softmax) -> None:
+    """``my_masked_softmax(scores, valid_lens)``: zeros on padded keys, zero rows when nothing is visible."""
+    cases = [
+        ("float32 scores (2, 3, 4), valid_lens [2, 4]", _seeded_scores((2, 3, 4), 30), torch.tensor([2, 4])),
+        ("float32 scores (3, 2, 5), valid_lens [5, 1, 3]", _seeded_scores((3, 2, 5), 31), torch.tensor([5, 1, 3])),
+        ("float32 scores (2, 3, 4), valid_lens [0, 3] (example 0 has no visible key)",
+         _seeded_scores((2, 3, 4), 32), torch.tensor([0, 3])),
+        ("float32 scores (2, 3, 4), 2-D valid_lens [[1, 0, 3], [4, 4, 2]]", _seeded_scores((2, 3, 4), 33),
+         torch.tensor([[1, 0, 3], [4, 4, 2]])),
+        ("float16 scores (2, 3, 4), valid_lens [0, 2]", _seeded_scores((2, 3, 4), 34, torch.float16),
+         torch.tensor([0, 2])),
+        ("bfloat16 scores (2, 3, 4), valid_lens [3, 0]", _seeded_scores((2, 3, 4), 35, torch.bfloat16),
+         torch.tensor([3, 0])),
+    ]
+    fp16_hint = (
+        "\nHint: a constant such as -1e9 does not fit in float16 (its largest magnitude is 65504). "
+        "Use torch.finfo(scores.dtype).min, which exists in every floating dtype"
+    )
+    for case, scores, valid_lens in cases:
+        actual = expect_tensor(_run(my_masked_softmax, scores.clone(), valid_lens.clone(), case=case,
+                                    hint=fp16_hint if scores.dtype != torch.float32 else ""), case)
+        expected = masked_softmax(scores, valid_lens)
+        expect_shape(actual, expected.shape, case)
+        if actual.dtype != scores.dtype:
+            raise CheckFailed(f"{case}: the result has dtype {actual.dtype}; keep the dtype of the scores "
+                              f"({scores.dtype}) (adding a float32 mask to half-precision scores silently upcasts)")
+        keep = padding_mask(valid_lens, scores.shape[-1])  # (B, 1 or Q, K)
+        empty = ~keep.any(dim=-1).expand(scores.shape[:-1])  # (B, Q): rows with no visible key
+        actual_f, expected_f = actual.detach().float().cpu(), expected.float()
+        if torch.isnan(actual_f[empty]).any():
+            raise CheckFailed(
+                f"{case}: NaN on a fully-masked row: filling every score of a row with -inf gives "
+                "exp(-inf) / sum = 0 / 0 = NaN. A query that may see no key must get a row of zeros"
+            )
+        if torch.isnan(actual_f).any() or torch.isinf(actual_f).any():
+            raise CheckFailed(f"{case}: the result contains NaN or inf on rows that do have visible keys")
+        K = scores.shape[-1]
+        if empty.any() and torch.allclose(actual_f[empty], torch.full_like(actual_f[empty], 1.0 / K), atol=2e-3):
+            raise CheckFailed(
+                f"{case}: uniform instead of zero rows: a fully-masked row came out as 1/K = {1 / K:.3g} for every "
+                "key (a large negative fill makes all its scores equal, so softmax spreads the weight evenly, "
+                "over padding). Set the rows with no visible key to zero"
+            )
+        inverted = masked_softmax(scores.float(), mask=~keep.expand(scores.shape))
+        if torch.allclose(actual_f, inverted, atol=2e-3):
+            raise CheckFailed(f"{case}: {_INVERTED}: the weights sit on the padded keys")
+        if (actual_f.masked_select(~keep.expand(scores.shape)).abs() > 0).any():
+            lens = valid_lens[:, None, None] if valid_lens.dim() == 1 else valid_lens[..., None]
+            off_by_one = masked_softmax(scores.float(), mask=torch.arange(K) <= lens)
+            if torch.allclose(actual_f, off_by_one, atol=2e-3):
+                raise CheckFailed(f"{case}: off-by-one: key j is visible when j < valid_len (you used <=)")
+            raise CheckFailed(f"{case}: a masked (padded) key got a non-zero weight; masked keys must get "
+                              "exactly 0")
+        tol = 1e-5 if scores.dtype == torch.float32 else 1e-2
+        expect_close(actual_f, expected_f, case, atol=tol, rtol=tol)
+
+    # The gradient must be finite too: a NaN gradient poisons every parameter in one optimiser step.
+    case = "gradient through a fully-masked row (float32, valid_lens [0, 2])"
+    scores = _seeded_scores((2, 3, 4), 36).requires_grad_()
+    out = _run(my_masked_softmax, scores, torch.tensor([0, 2]), case=case)
+    upstream = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape) / out.numel()
+    try:
+        (out * upstream).sum().backward()
+    except RuntimeError as e:
+        raise CheckFailed(f"{case}: backward failed ({e}); build the result from differentiable tensor "
+                          "operations") from None
+    if scores.grad is None or not torch.isfinite(scores.grad).all():
+        raise CheckFailed(
+            f"{case}: the forward pass is right but the gradient contains NaN. torch.where / nan_to_num hide a "
+            "NaN in the forward pass but not in the backward pass (NaN * 0 = NaN): avoid producing the NaN at "
+            "all, e.g. fill masked scores with torch.finfo(dtype).min instead of -inf, then zero the empty rows"
+        )
+    ref = scores.detach().clone().requires_grad_()
+    (masked_softmax(ref, torch.tensor([0, 2])) * upstream).sum().backward()
+    expect_close(scores.grad, ref.grad, case + " (gradient)", atol=1e-5)
+    passed("check_masked_softmax", len(cases) + 1)
