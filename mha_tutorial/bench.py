@@ -10,7 +10,11 @@ anything is timed, all outputs are checked to agree; then each is timed with
 thread count; the timer synchronises CUDA on a GPU) for the forward pass alone
 (under ``torch.no_grad``) and for forward + backward. Peak memory is measured
 per call: ``torch.cuda.max_memory_allocated`` on a GPU, and on the CPU by
-tracking every tensor storage the call creates until it is freed.
+tracking every tensor storage the call's operations create until it is freed.
+That CPU measure cannot see scratch memory *inside* one fused kernel: forward-only
+``nn.MultiheadAttention`` in eval mode runs as a single kernel that builds the
+(B, H, T, T) weights internally, so its forward-pass CPU figure is too low; the
+forward+backward figures (which keep what backward needs) are the ones to compare.
 
 Results go to the terminal, and as Markdown, CSV and a log-log PNG to ``--out``.
 """
@@ -203,8 +207,7 @@ def run_benchmark(
     """
     log = log or (lambda *_: None)
     device = torch.device(device) if device is not None else get_device()
-    threads = threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
+    threads = threads or torch.get_num_threads()  # the Timer runs with this many and restores the process's count
     if memory_budget is None:
         memory_budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     rows: list[Row] = []
