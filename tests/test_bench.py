@@ -1,0 +1,90 @@
+"""The benchmark module: it refuses to time implementations that disagree, measures memory
+honestly, skips sizes that would not fit, and its --quick CLI (what CI runs) writes its reports."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mha_tutorial import bench
+
+
+def test_quick_cli_writes_table_csv_and_plot(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mha_tutorial.bench", "--quick", "--threads", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "implementations agree" in result.stdout
+    rows = list(csv.DictReader(open(tmp_path / "bench.csv")))
+    impls = {r["impl"] for r in rows}
+    assert {
+        "head loop",
+        "readable",
+        "fused",
+        "einsum",
+        "seq-first",
+        "nn.MHA (weights)",
+        "nn.MHA",
+        "SDPA (is_causal)",
+    } <= impls
+    assert {r["pass_"] for r in rows} == {"forward", "forward+backward"}
+    assert all(r["status"] == "ok" and float(r["median_ms"]) > 0 for r in rows)
+    md = (tmp_path / "bench.md").read_text()
+    assert "readable / nn.MHA (weights)" in md and "fused / nn.MHA" in md
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+
+
+def test_disagreeing_implementation_is_caught_before_timing():
+    impls, _ = bench.implementations(16, 2, "cpu", torch.float32)
+    x, keep = torch.randn(2, 5, 16), torch.ones(5, 5, dtype=torch.bool).tril()
+    assert max(bench.check_agreement(impls, x, keep, atol=1e-5).values()) < 1e-5
+    impls["fused"] = lambda x, keep: impls["readable"](x, keep) * 1.01  # a subtly wrong kernel
+    with pytest.raises(RuntimeError, match="fused"):
+        bench.check_agreement(impls, x, keep, atol=1e-5)
+
+
+def test_peak_memory_counts_created_tensors_until_freed():
+    x = torch.randn(256, 256)  # 256 KiB, existed before: not counted
+    with bench.PeakMemory(existing=[x]) as tracker:
+        a = x @ x  # +256 KiB
+        b = a.softmax(-1)  # +256 KiB, peak 512 KiB
+        del a  # -256 KiB
+        c = b @ x  # +256 KiB, still 512 KiB
+    assert tracker.peak == 2 * 256 * 256 * 4
+    del b, c
+
+
+def test_sizes_over_the_memory_budget_are_skipped_and_reported():
+    messages = []
+    rows = bench.run_benchmark(
+        seqs=(16, 4096),
+        batch=1,
+        hiddens=16,
+        heads=2,
+        passes=("forward",),
+        impl_names=["nn.MHA"],
+        device="cpu",
+        threads=1,
+        min_run_time=0.01,
+        memory_budget=50 * 2**20,
+        log=messages.append,
+    )
+    done = [r for r in rows if r.seq == 16]
+    skipped = [r for r in rows if r.seq == 4096]
+    assert done and all(r.status == "ok" for r in done)
+    assert skipped and all(r.status.startswith("skipped") for r in skipped)
+    assert any("stopping at T=4096" in m for m in messages)
+
+
+def test_ratios_pair_ours_with_pytorchs():
+    row = lambda impl, ms: bench.Row(impl, "forward", "float32", "cpu", 1, 1, 8, 16, 2, median_ms=ms)
+    rows = [row("readable", 3.0), row("nn.MHA (weights)", 2.0), row("fused", 1.0), row("nn.MHA", 1.0)]
+    assert sorted(r[3:] for r in bench.ratios(rows)) == [
+        ("fused", "nn.MHA", 1.0),
+        ("readable", "nn.MHA (weights)", 1.5),
+    ]
