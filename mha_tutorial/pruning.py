@@ -1,0 +1,213 @@
+r"""Which heads matter? Measure it, then remove the ones that do not (notebook 07).
+
+Every measurement here goes through ``head_mask`` (num_attention_layers, num_heads):
+``head_mask[l, h]`` scales head h of attention layer l before that layer's ``W_o``.
+
+* ``ablation``: switch one head off at a time and measure the change in loss and
+  accuracy -- the whole layers x heads table in one call.
+* ``gradient_importance``: the first-order estimate of Michel, Levy & Neubig (2019),
+  "Are Sixteen Heads Really Better than One?":
+
+  .. math:: I_h = \mathbb{E}_x \left| \frac{\partial L(x)}{\partial \xi_h} \right|
+
+  with every gate :math:`\xi` at 1 (or at the current mask), the absolute value taken
+  per example before averaging, the model in eval mode, optionally normalised per
+  layer by that layer's L2 norm.
+* ``pruning_curve`` / ``pruning_orders``: the metric as heads are masked one after
+  another, in several orders (importance once or recomputed after each removal,
+  single-head ablation, random, most-important-first, attention entropy).
+* Physical pruning lives on the modules: ``MultiHeadAttention.prune_heads`` and the
+  models' ``prune_heads({layer: [heads]})``; a pruned model computes what the masked
+  one does, with smaller matrices.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch.nn import functional as F
+
+from .tasks import get_task
+from .train import evaluate
+
+
+def _sizes(model) -> tuple[int, int]:
+    return model.num_attention_layers, model.num_heads
+
+
+def check_head_mask(model, head_mask: torch.Tensor) -> None:
+    """Raise a clear error unless ``head_mask`` is a (num_attention_layers, num_heads) tensor."""
+    L, H = _sizes(model)
+    if not isinstance(head_mask, torch.Tensor):
+        raise TypeError(f"head_mask must be a tensor of shape ({L}, {H}), got {type(head_mask).__name__}")
+    if tuple(head_mask.shape) != (L, H):
+        raise ValueError(f"head_mask must have shape (layers, heads) = ({L}, {H}), got {tuple(head_mask.shape)}")
+
+
+def _examples(task_name: str, split: str, examples, limit: int | None):
+    rows = get_task(task_name).load_split(split) if examples is None else list(examples)
+    return rows[:limit] if limit is not None else rows
+
+
+def ablation(model, task_name: str, split: str = "eval", examples=None, limit: int | None = None) -> dict:
+    """Switch off one head at a time; return the (L, H) tables of loss and accuracy and their changes.
+
+    Returns {"base_loss", "base_accuracy", "loss", "accuracy", "delta_loss", "delta_accuracy"},
+    the last four as (L, H) tensors; ``delta_loss[l, h] > 0`` means the model is worse without head h
+    of layer l.
+    """
+    rows = _examples(task_name, split, examples, limit)
+    L, H = _sizes(model)
+    device = next(model.parameters()).device
+    base = evaluate(model, task_name, examples=rows)
+    loss, accuracy = torch.zeros(L, H), torch.zeros(L, H)
+    for layer in range(L):
+        for head in range(H):
+            mask = torch.ones(L, H, device=device)
+            mask[layer, head] = 0.0
+            result = evaluate(model, task_name, examples=rows, head_mask=mask)
+            loss[layer, head], accuracy[layer, head] = result["loss"], result["accuracy"]
+    return {
+        "base_loss": base["loss"],
+        "base_accuracy": base["accuracy"],
+        "loss": loss,
+        "accuracy": accuracy,
+        "delta_loss": loss - base["loss"],
+        "delta_accuracy": accuracy - base["accuracy"],
+    }
+
+
+def gradient_importance(
+    model,
+    task_name: str,
+    split: str = "importance",
+    examples=None,
+    limit: int | None = 200,
+    head_mask: torch.Tensor | None = None,
+    normalize: bool = True,
+) -> torch.Tensor:
+    r"""I[l, h] = mean over examples of |dL(x)/d head_mask[l, h]|, at ``head_mask`` (default all ones).
+
+    Computed example by example (the absolute value must be taken per example:
+    gradients of opposite sign from different examples would otherwise cancel)
+    on the ``importance`` split, which is disjoint from the ``eval`` split the
+    pruning curves are measured on. Heads already masked (gate 0) get importance 0.
+    With ``normalize``, each layer's row is divided by its L2 norm, as in Michel et al.
+    """
+    task = get_task(task_name)
+    rows = _examples(task_name, split, examples, limit)
+    L, H = _sizes(model)
+    device = next(model.parameters()).device
+    gates = torch.ones(L, H, device=device) if head_mask is None else head_mask.detach().to(device).float()
+    check_head_mask(model, gates)
+    gates.requires_grad_(True)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(L, H, device=device)
+    try:
+        for row in rows:
+            batch = task.collate([row], device)
+            logits = task.forward(model, batch, gates)  # (1, T, V)
+            loss = F.cross_entropy(logits[batch.loss_mask], batch.tgt_out[batch.loss_mask])
+            (grad,) = torch.autograd.grad(loss, gates)
+            total += grad.abs()  # (L, H): |dL(x)/d xi| for this one example
+    finally:
+        model.train(was_training)
+    importance = (total / len(rows)) * (gates.detach() != 0)
+    if normalize:
+        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+    return importance.cpu()
+
+
+def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rank correlation of two equally shaped tensors (ties get their average rank)."""
+    if a.shape != b.shape:
+        raise ValueError(f"rank_correlation needs tensors of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.numel() < 2:
+        raise ValueError(f"rank_correlation needs at least 2 values, got {a.numel()}")
+
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten().double()
+        order = x.argsort()
+        r = torch.empty_like(x)
+        r[order] = torch.arange(len(x), dtype=torch.double)
+        for value in x.unique():  # ties share the mean of their ranks
+            tied = x == value
+            r[tied] = r[tied].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = (ra.norm() * rb.norm()).item()
+    return float((ra @ rb).item() / denom) if denom > 0 else float("nan")
+
+
+def order_from_scores(scores: torch.Tensor, ascending: bool = True) -> list[tuple[int, int]]:
+    """(layer, head) pairs sorted by score; ties broken by position, so the order is deterministic."""
+    L, H = scores.shape
+    flat = scores.flatten().tolist()
+    index = sorted(range(L * H), key=lambda i: (flat[i] if ascending else -flat[i], i))
+    return [(i // H, i % H) for i in index]
+
+
+def random_order(model, seed: int) -> list[tuple[int, int]]:
+    L, H = _sizes(model)
+    heads = [(layer, head) for layer in range(L) for head in range(H)]
+    random.Random(seed).shuffle(heads)
+    return heads
+
+
+def iterative_importance_order(model, task_name: str, limit: int | None = 64, examples=None) -> list[tuple[int, int]]:
+    """Mask the least important head, recompute importance with it masked, repeat."""
+    L, H = _sizes(model)
+    device = next(model.parameters()).device
+    mask = torch.ones(L, H, device=device)
+    order = []
+    for _ in range(L * H):
+        importance = gradient_importance(model, task_name, examples=examples, limit=limit, head_mask=mask)
+        alive = [(layer, head) for layer, head in order_from_scores(importance) if mask[layer, head] != 0]
+        layer, head = alive[0]
+        order.append((layer, head))
+        mask[layer, head] = 0.0
+    return order
+
+
+def pruning_curve(model, task_name: str, order, split: str = "eval", examples=None, limit: int | None = None) -> dict:
+    """Mask the heads of ``order`` one after another; return loss and accuracy after each step.
+
+    Returns {"accuracy": tensor (N+1,), "loss": tensor (N+1,)}: entry k is the model with the
+    first k heads of ``order`` switched off (entry 0 is the full model).
+    """
+    rows = _examples(task_name, split, examples, limit)
+    L, H = _sizes(model)
+    device = next(model.parameters()).device
+    mask = torch.ones(L, H, device=device)
+    accuracy, loss = [], []
+    for k in range(len(order) + 1):
+        if k:
+            layer, head = order[k - 1]
+            if not (0 <= layer < L and 0 <= head < H):
+                raise ValueError(f"head {(layer, head)} is outside the model's {L} layers x {H} heads")
+            if mask[layer, head] == 0:
+                raise ValueError(f"head {(layer, head)} appears twice in the pruning order")
+            mask[layer, head] = 0.0
+        result = evaluate(model, task_name, examples=rows, head_mask=mask)
+        accuracy.append(result["accuracy"])
+        loss.append(result["loss"])
+    return {"accuracy": torch.tensor(accuracy), "loss": torch.tensor(loss)}
+
+
+def area_under_curve(values: torch.Tensor) -> float:
+    """Mean of the curve over the fraction of heads removed (trapezoids on [0, 1]): 1.0 = never drops."""
+    values = torch.as_tensor(values, dtype=torch.double)
+    if values.numel() < 2:
+        raise ValueError("a pruning curve needs at least two points")
+    return float(torch.trapezoid(values, dx=1.0 / (values.numel() - 1)))
+
+
+def heads_prunable(accuracy: torch.Tensor, tolerance: float = 0.01) -> int:
+    """How many heads (from the start of the curve) can go before accuracy drops more than ``tolerance``."""
+    accuracy = torch.as_tensor(accuracy)
+    below = (accuracy < accuracy[0] - tolerance).nonzero()
+    return int(below[0]) - 1 if len(below) else len(accuracy) - 1
