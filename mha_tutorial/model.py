@@ -1,0 +1,367 @@
+"""Tiny transformers built from the package's own parts (notebook 05).
+
+Three shapes of model, all made of the same pieces -- ``MultiHeadAttention``,
+the post-norm ``AddNorm`` sublayer, a position-wise MLP and learned positional
+embeddings:
+
+* ``TransformerEncoder``  (kind ``"encoder"``): bidirectional self-attention,
+  one prediction per input position.
+* ``TransformerDecoder``  (kind ``"decoder"``): causal self-attention, a
+  next-token predictor.
+* ``TransformerEncoderDecoder`` (kind ``"encoder_decoder"``): an encoder, and
+  a decoder with causal self-attention followed by cross-attention to the
+  encoder's output.
+
+Every model exposes its attention layers in one fixed order, the order of the
+rows of ``head_mask`` (num_attention_layers, num_heads)::
+
+    enc.0.self, enc.1.self, ...,  dec.0.self, dec.1.self, ...,  dec.0.cross, dec.1.cross, ...
+
+that is, all encoder self-attention layers, then all decoder self-attention
+layers, then all decoder cross-attention layers. ``model.attention_layers()``
+lists them as (name, module) pairs, and after a forward pass
+``model.attention_weights()`` returns (name, weights (B, H, Q, K)) in the same
+order. ``head_mask[i, h]`` scales head h of the i-th layer before its ``W_o``
+(0 switches the head off); it is differentiable, so dL/d head_mask measures how
+much the loss depends on each head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .masks import causal_mask
+from .mha import AddNorm, MultiHeadAttention
+
+__all__ = [
+    "ModelConfig",
+    "TinyTransformer",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "TransformerEncoderDecoder",
+    "build_model",
+    "count_parameters",
+]
+
+KINDS = ("encoder", "decoder", "encoder_decoder")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a tiny transformer; stored inside checkpoints as a plain dict.
+
+    Args:
+        kind: ``"encoder"``, ``"decoder"`` or ``"encoder_decoder"``.
+        src_vocab_size: tokens the encoder reads (0 for a decoder-only model).
+        tgt_vocab_size: tokens the decoder reads, and the classes every model predicts.
+        num_hiddens: model width (H * head size).
+        num_heads: heads per attention layer (the same in every layer).
+        ffn_num_hiddens: hidden width of the position-wise MLP; 0 = attention-only layers.
+        num_enc_layers: encoder layers (0 for a decoder-only model).
+        num_dec_layers: decoder layers (0 for an encoder-only model).
+        max_len: longest sequence the learned positional embeddings cover.
+        dropout: dropout in attention weights and sublayers (0 for these tiny tasks).
+        bias: whether the attention projections have biases.
+    """
+
+    kind: str
+    src_vocab_size: int
+    tgt_vocab_size: int
+    num_hiddens: int = 64
+    num_heads: int = 4
+    ffn_num_hiddens: int = 128
+    num_enc_layers: int = 1
+    num_dec_layers: int = 0
+    max_len: int = 32
+    dropout: float = 0.0
+    bias: bool = True
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        want_enc = self.kind in ("encoder", "encoder_decoder")
+        want_dec = self.kind in ("decoder", "encoder_decoder")
+        if want_enc != (self.num_enc_layers > 0) or want_dec != (self.num_dec_layers > 0):
+            raise ValueError(
+                f"a {self.kind!r} model needs num_enc_layers {'>= 1' if want_enc else '= 0'} and "
+                f"num_dec_layers {'>= 1' if want_dec else '= 0'}, got {self.num_enc_layers} and {self.num_dec_layers}"
+            )
+        if want_enc != (self.src_vocab_size > 0):
+            raise ValueError(
+                f"src_vocab_size must be {'positive' if want_enc else '0'} for a {self.kind!r} model, "
+                f"got {self.src_vocab_size}"
+            )
+        if self.tgt_vocab_size < 1 or self.max_len < 1 or self.num_hiddens < 1 or self.num_heads < 1:
+            raise ValueError(f"sizes must be positive, got {self}")
+        if self.num_hiddens % self.num_heads:
+            raise ValueError(f"num_hiddens={self.num_hiddens} is not divisible by num_heads={self.num_heads}")
+        if self.ffn_num_hiddens < 0:
+            raise ValueError(f"ffn_num_hiddens must be >= 0 (0 = no MLP), got {self.ffn_num_hiddens}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**d)
+
+    @property
+    def num_attention_layers(self) -> int:
+        return self.num_enc_layers + self.num_dec_layers * (2 if self.kind == "encoder_decoder" else 1)
+
+
+class PositionWiseFFN(nn.Module):
+    """The same two-layer MLP applied at every position: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int):
+        super().__init__()
+        self.dense1 = nn.Linear(num_hiddens, ffn_num_hiddens)
+        self.relu = nn.ReLU()
+        self.dense2 = nn.Linear(ffn_num_hiddens, num_hiddens)
+
+    def forward(self, X):
+        return self.dense2(self.relu(self.dense1(X)))
+
+
+class Embedding(nn.Module):
+    """Token embedding plus a learned embedding of the position: (B, T) ids -> (B, T, d)."""
+
+    def __init__(self, vocab_size: int, num_hiddens: int, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.token = nn.Embedding(vocab_size, num_hiddens)
+        self.position = nn.Embedding(max_len, num_hiddens)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"token ids must be an integer tensor of shape (batch, steps), got "
+                f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
+            )
+        if ids.shape[1] > self.max_len:
+            raise ValueError(f"sequence of length {ids.shape[1]} is longer than max_len={self.max_len}")
+        positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
+        return self.token(ids) + self.position(positions)  # (B, T, d)
+
+
+class Block(nn.Module):
+    """One transformer layer (post-norm, as in Vaswani et al. 2017).
+
+    X -> AddNorm(X, SelfAttn(X)) -> [AddNorm(., CrossAttn(., memory))] -> [AddNorm(., FFN(.))]
+    """
+
+    def __init__(self, cfg: ModelConfig, cross: bool = False):
+        super().__init__()
+        d = cfg.num_hiddens
+        self.self_attn = MultiHeadAttention(d, cfg.num_heads, cfg.dropout, bias=cfg.bias)
+        self.norm1 = AddNorm(d, cfg.dropout)
+        self.cross_attn = MultiHeadAttention(d, cfg.num_heads, cfg.dropout, bias=cfg.bias) if cross else None
+        self.norm2 = AddNorm(d, cfg.dropout) if cross else None
+        self.ffn = PositionWiseFFN(d, cfg.ffn_num_hiddens) if cfg.ffn_num_hiddens else None
+        self.norm3 = AddNorm(d, cfg.dropout) if cfg.ffn_num_hiddens else None
+
+    def forward(
+        self,
+        X,
+        valid_lens=None,
+        mask=None,
+        memory=None,
+        memory_valid_lens=None,
+        self_head_mask=None,
+        cross_head_mask=None,
+    ):
+        X = self.norm1(X, self.self_attn(X, X, X, valid_lens, mask, self_head_mask))  # (B, T, d)
+        if self.cross_attn is not None:
+            Y = self.cross_attn(X, memory, memory, memory_valid_lens, None, cross_head_mask)  # (B, T, d)
+            X = self.norm2(X, Y)
+        if self.ffn is not None:
+            X = self.norm3(X, self.ffn(X))
+        return X
+
+
+class TinyTransformer(nn.Module):
+    """What the three models share: attention-layer bookkeeping and ``head_mask`` handling."""
+
+    config: ModelConfig
+
+    def attention_layers(self) -> list[tuple[str, MultiHeadAttention]]:
+        """(name, module) for every attention layer, in ``head_mask`` row order."""
+        layers = [(f"enc.{i}.self", b.self_attn) for i, b in enumerate(getattr(self, "enc_blocks", []))]
+        dec = list(getattr(self, "dec_blocks", []))
+        layers += [(f"dec.{i}.self", b.self_attn) for i, b in enumerate(dec)]
+        layers += [(f"dec.{i}.cross", b.cross_attn) for i, b in enumerate(dec) if b.cross_attn is not None]
+        return layers
+
+    @property
+    def num_attention_layers(self) -> int:
+        return self.config.num_attention_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    def attention_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, weights (B, H, Q, K)) of every attention layer from the last forward pass."""
+        out = []
+        for name, layer in self.attention_layers():
+            if layer.attention_weights is None:
+                raise RuntimeError(f"layer {name} has no attention weights yet: run a forward pass first")
+            out.append((name, layer.attention_weights))
+        return out
+
+    def _head_mask_rows(self, head_mask) -> list:
+        """Validate ``head_mask`` (L, H) and split it into one (H,) row per attention layer (or Nones)."""
+        L, H = self.num_attention_layers, self.num_heads
+        if head_mask is None:
+            return [None] * L
+        if not isinstance(head_mask, torch.Tensor):
+            raise TypeError(f"head_mask must be a tensor of shape ({L}, {H}), got {type(head_mask).__name__}")
+        if tuple(head_mask.shape) != (L, H):
+            names = ", ".join(name for name, _ in self.attention_layers())
+            raise ValueError(
+                f"head_mask must have shape (num_attention_layers, num_heads) = ({L}, {H}), one row per "
+                f"attention layer in the order [{names}]; got shape {tuple(head_mask.shape)}"
+            )
+        head_mask = head_mask.to(next(self.parameters()).device)
+        return list(head_mask.unbind(0))  # views: gradients flow back to head_mask
+
+
+class TransformerEncoder(TinyTransformer):
+    """Bidirectional encoder with a per-position classifier: (B, T) ids -> (B, T, tgt_vocab) logits."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.kind != "encoder":
+            raise ValueError(f"TransformerEncoder needs kind='encoder', got {cfg.kind!r}")
+        self.config = cfg
+        self.embedding = Embedding(cfg.src_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.enc_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_enc_layers))
+        self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
+
+    def forward(self, src, valid_lens=None, head_mask=None):
+        """src (B, T); valid_lens (B,) hides padded keys; head_mask (num_enc_layers, H)."""
+        rows = self._head_mask_rows(head_mask)
+        X = self.embedding(src)  # (B, T, d)
+        for block, row in zip(self.enc_blocks, rows, strict=True):
+            X = block(X, valid_lens=valid_lens, self_head_mask=row)
+        return self.head(X)  # (B, T, tgt_vocab)
+
+
+class TransformerDecoder(TinyTransformer):
+    """Decoder-only (GPT-style) next-token predictor: (B, T) ids -> (B, T, tgt_vocab) logits.
+
+    Position t sees positions 0..t only (``causal_mask``), so logits[:, t]
+    predicts token t + 1.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.kind != "decoder":
+            raise ValueError(f"TransformerDecoder needs kind='decoder', got {cfg.kind!r}")
+        self.config = cfg
+        self.embedding = Embedding(cfg.tgt_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.dec_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_dec_layers))
+        self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
+
+    def forward(self, tokens, head_mask=None):
+        rows = self._head_mask_rows(head_mask)
+        X = self.embedding(tokens)  # (B, T, d)
+        mask = causal_mask(tokens.shape[1], device=tokens.device)  # (T, T), True = may attend
+        for block, row in zip(self.dec_blocks, rows, strict=True):
+            X = block(X, mask=mask, self_head_mask=row)
+        return self.head(X)  # (B, T, tgt_vocab)
+
+
+class TransformerEncoderDecoder(TinyTransformer):
+    """Encoder + decoder with cross-attention: (src (B, S), tgt_in (B, T)) -> (B, T, tgt_vocab) logits.
+
+    head_mask rows: encoder self-attention layers, then decoder self-attention
+    layers, then decoder cross-attention layers.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.kind != "encoder_decoder":
+            raise ValueError(f"TransformerEncoderDecoder needs kind='encoder_decoder', got {cfg.kind!r}")
+        self.config = cfg
+        self.src_embedding = Embedding(cfg.src_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.tgt_embedding = Embedding(cfg.tgt_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.enc_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_enc_layers))
+        self.dec_blocks = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.num_dec_layers))
+        self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
+
+    def _split_rows(self, head_mask):
+        rows = self._head_mask_rows(head_mask)
+        n_enc, n_dec = self.config.num_enc_layers, self.config.num_dec_layers
+        return rows[:n_enc], rows[n_enc : n_enc + n_dec], rows[n_enc + n_dec :]
+
+    def encode(self, src, src_valid_lens=None, enc_rows=None):
+        """src (B, S) -> memory (B, S, d)."""
+        X = self.src_embedding(src)  # (B, S, d)
+        for block, row in zip(self.enc_blocks, enc_rows or [None] * len(self.enc_blocks), strict=True):
+            X = block(X, valid_lens=src_valid_lens, self_head_mask=row)
+        return X
+
+    def decode(self, tgt_in, memory, src_valid_lens=None, self_rows=None, cross_rows=None):
+        """tgt_in (B, T), memory (B, S, d) -> logits (B, T, tgt_vocab)."""
+        n = len(self.dec_blocks)
+        self_rows, cross_rows = self_rows or [None] * n, cross_rows or [None] * n
+        X = self.tgt_embedding(tgt_in)  # (B, T, d)
+        mask = causal_mask(tgt_in.shape[1], device=tgt_in.device)  # (T, T)
+        for block, s_row, c_row in zip(self.dec_blocks, self_rows, cross_rows, strict=True):
+            X = block(
+                X,
+                mask=mask,
+                memory=memory,
+                memory_valid_lens=src_valid_lens,
+                self_head_mask=s_row,
+                cross_head_mask=c_row,
+            )
+        return self.head(X)
+
+    def forward(self, src, tgt_in, src_valid_lens=None, head_mask=None):
+        enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
+        memory = self.encode(src, src_valid_lens, enc_rows)
+        return self.decode(tgt_in, memory, src_valid_lens, self_rows, cross_rows)
+
+    @torch.no_grad()
+    def greedy_decode(self, src, num_steps: int, bos_id: int, src_valid_lens=None, head_mask=None):
+        """Predict ``num_steps`` tokens one at a time, feeding back the argmax: -> (B, num_steps) ids.
+
+        The decoder is rerun on the whole prefix at each step (no cache: the
+        outputs here are 10 characters). Afterwards ``attention_weights()``
+        holds the weights of the final step, with Q = num_steps queries.
+        """
+        enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
+        memory = self.encode(src, src_valid_lens, enc_rows)  # (B, S, d)
+        out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        for _ in range(num_steps):
+            logits = self.decode(out, memory, src_valid_lens, self_rows, cross_rows)  # (B, t, V)
+            out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)  # (B, t + 1)
+        return out[:, 1:]  # (B, num_steps), without <bos>
+
+
+MODEL_CLASSES = {
+    "encoder": TransformerEncoder,
+    "decoder": TransformerDecoder,
+    "encoder_decoder": TransformerEncoderDecoder,
+}
+
+
+def build_model(config: ModelConfig | dict) -> TinyTransformer:
+    """A freshly initialised model of the configured kind."""
+    if isinstance(config, dict):
+        config = ModelConfig.from_dict(config)
+    return MODEL_CLASSES[config.kind](config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
