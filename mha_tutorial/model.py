@@ -231,7 +231,49 @@ class TinyTransformer(nn.Module):
                 f"attention layer in the order [{names}]; got shape {tuple(head_mask.shape)}"
             )
         head_mask = head_mask.to(next(self.parameters()).device)
-        return list(head_mask.unbind(0))  # views: gradients flow back to head_mask
+        # Columns keep the original head numbering; a pruned layer takes only its remaining heads.
+        return [
+            row if layer.num_heads == H else row[layer.head_ids]  # views/indexing: gradients flow back
+            for row, (_, layer) in zip(head_mask.unbind(0), self.attention_layers(), strict=True)
+        ]
+
+    def prune_heads(self, heads: dict) -> None:
+        """Remove heads for good: ``{layer: [head, ...]}`` with layers as row numbers of ``head_mask``
+        or as names from ``attention_layers()`` ("enc.0.self"), heads in their original numbering.
+
+        Each layer's ``MultiHeadAttention.prune_heads`` drops the heads' rows of W_q, W_k, W_v and
+        columns of W_o. The pruned model computes what the unpruned one does with those entries of
+        ``head_mask`` set to 0; ``head_mask`` keeps its (layers, heads) shape and original numbering.
+        """
+        layers = self.attention_layers()
+        names = [name for name, _ in layers]
+        if not isinstance(heads, dict):
+            raise TypeError(f"prune_heads takes a dict {{layer: [heads]}}, got {type(heads).__name__}")
+        resolved = {}
+        for key, chosen in heads.items():
+            if isinstance(key, str):
+                if key not in names:
+                    raise ValueError(f"unknown attention layer {key!r}; layers: {names}")
+                index = names.index(key)
+            elif isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(layers):
+                index = key
+            else:
+                raise ValueError(f"layer {key!r} is not a layer number in [0, {len(layers) - 1}] or a name in {names}")
+            if index in resolved:
+                raise ValueError(f"layer {names[index]} is named twice in {heads}")
+            resolved[index] = list(chosen)
+        for index, chosen in resolved.items():  # validate every layer before changing any
+            layer = layers[index][1]
+            bad = [h for h in chosen if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
+            if bad:
+                raise ValueError(f"{names[index]}: heads {bad} are out of range [0, {self.num_heads - 1}]")
+            if len(set(chosen)) != len(chosen):
+                raise ValueError(f"{names[index]}: head numbers must not repeat, got {chosen}")
+            gone = sorted(set(chosen) - set(layer.head_ids))
+            if gone:
+                raise ValueError(f"{names[index]}: heads {gone} are already pruned (left: {layer.head_ids})")
+        for index, chosen in resolved.items():
+            layers[index][1].prune_heads(chosen)
 
 
 class TransformerEncoder(TinyTransformer):

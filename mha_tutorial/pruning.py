@@ -24,6 +24,7 @@ Every measurement here goes through ``head_mask`` (num_attention_layers, num_hea
 from __future__ import annotations
 
 import random
+from copy import deepcopy
 
 import torch
 from torch.nn import functional as F
@@ -211,3 +212,20 @@ def heads_prunable(accuracy: torch.Tensor, tolerance: float = 0.01) -> int:
     accuracy = torch.as_tensor(accuracy)
     below = (accuracy < accuracy[0] - tolerance).nonzero()
     return int(below[0]) - 1 if len(below) else len(accuracy) - 1
+
+
+def pruned_copy(model, heads: dict):
+    """A copy of ``model`` with ``heads`` ({layer: [heads]}) physically removed; ``model`` is unchanged.
+
+    The last forward pass's attention weights are dropped first: they belong to a graph that
+    cannot be copied, and the copy has not run yet.
+    """
+    for _, layer in model.attention_layers():
+        layer.attention_weights = layer.attention.attention_weights = None
+    copy = deepcopy(model)
+    copy.prune_heads(heads)
+    return copy
+
+
+def count_parameters(module) -> int:
+    return sum(p.numel() for p in module.parameters())
