@@ -1,7 +1,9 @@
 """mha_tutorial: the attention code that the notebooks build, in its final form.
 
 Notebook 01 -> attention.py, 02 -> masks.py, 03 -> heads.py and variants.py,
-04 -> mha.py. Every notebook ends by checking its own code against these.
+04 -> mha.py (and bench.py for what it costs), 05 -> tasks.py, model.py, train.py,
+06 -> viz.py, 07 -> pruning.py. Every notebook ends by checking its own code
+against these; ``checks`` holds the automatic checks of the exercises.
 """
 
 from .attention import DotProductAttention, masked_softmax, scaled_dot_product_attention
@@ -16,10 +18,20 @@ from .masks import (
     padding_mask,
 )
 from .mha import AddNorm, MultiHeadAttention
+from .model import ModelConfig, build_model
+from .tasks import get_task, load_split
+from .train import evaluate, load_pretrained, train
 from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
 
 __all__ = [
     "AddNorm",
+    "ModelConfig",
+    "build_model",
+    "evaluate",
+    "get_task",
+    "load_pretrained",
+    "load_split",
+    "train",
     "DotProductAttention",
     "EinsumMultiHeadAttention",
     "HeadLoopMultiHeadAttention",
