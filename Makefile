@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 NBVAL  := --nbval --nbval-current-env --sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: install lab run test unit nbval outputs clean
+.PHONY: install lab run student test lint unit nbval outputs clean
 
 install: $(STAMP)
 
@@ -27,8 +27,17 @@ lab: install
 run: install
 	$(PY) -m mha_tutorial.site --execute --out build/site $(NOTEBOOKS)
 
-## Unit tests, then strict nbval over every notebook (committed outputs must match).
-test: unit nbval
+## Write the student edition to build/student/: solutions replaced by stubs, checks kept.
+student: install
+	$(PY) -m mha_tutorial.student --out build/student $(NOTEBOOKS)
+
+## Lint, unit tests (student edition and site included), then strict nbval over every notebook.
+test: lint unit nbval
+
+lint: install
+	$(VENV)/bin/ruff check mha_tutorial tests notebooks
+	$(VENV)/bin/ruff format --check mha_tutorial tests notebooks
+	$(PY) -m mha_tutorial.hygiene $(NOTEBOOKS)
 
 unit: install
 	$(PY) -m pytest -q tests
