@@ -28,9 +28,7 @@ def as_valid_lens(valid_lens) -> torch.Tensor:
     if not isinstance(valid_lens, torch.Tensor):
         valid_lens = torch.as_tensor(valid_lens)
     if valid_lens.dtype == torch.bool or valid_lens.is_floating_point() or valid_lens.is_complex():
-        raise TypeError(
-            f"valid_lens must be an integer tensor (lengths are counts), got dtype {valid_lens.dtype}"
-        )
+        raise TypeError(f"valid_lens must be an integer tensor (lengths are counts), got dtype {valid_lens.dtype}")
     return valid_lens
 
 

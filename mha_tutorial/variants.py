@@ -31,8 +31,13 @@ class HeadLoopMultiHeadAttention(MultiHeadAttention):
             cols = slice(h * d, (h + 1) * d)
             mask_h = None if mask is None else mask[:, h if mask.shape[1] > 1 else 0]  # (b, Q, K)
             out_h, w_h = scaled_dot_product_attention(
-                Q[..., cols], K[..., cols], V[..., cols], valid_lens, mask_h,
-                self.attention.dropout, self.training,
+                Q[..., cols],
+                K[..., cols],
+                V[..., cols],
+                valid_lens,
+                mask_h,
+                self.attention.dropout,
+                self.training,
             )  # (B, Q, d), (B, Q, K)
             heads.append(out_h if head_mask is None else out_h * head_mask[h])
             weights.append(w_h)

@@ -127,8 +127,17 @@ def functional_mha(mha: nn.Module, queries, keys, values, keep=None):
 
 # Ops that count as "arithmetic": an input error must be raised before any of them runs.
 _ARITHMETIC = {
-    torch.matmul, torch.bmm, torch.einsum, torch.softmax, F.softmax, F.linear, torch.Tensor.softmax,
-    torch.Tensor.__matmul__, torch.Tensor.matmul, torch.Tensor.bmm, torch.Tensor.__rmatmul__,
+    torch.matmul,
+    torch.bmm,
+    torch.einsum,
+    torch.softmax,
+    F.softmax,
+    F.linear,
+    torch.Tensor.softmax,
+    torch.Tensor.__matmul__,
+    torch.Tensor.matmul,
+    torch.Tensor.bmm,
+    torch.Tensor.__rmatmul__,
 }
 
 

@@ -272,8 +272,10 @@ def test_sdpa_per_query_valid_lens_and_mask_match_pytorch():
 
 
 def test_sdpa_weights_are_the_scaled_softmax_and_output_is_their_average():
-    q, k, v = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(
-        2, 5, 7, dtype=torch.float64
+    q, k, v = (
+        torch.randn(2, 3, 4, dtype=torch.float64),
+        torch.randn(2, 5, 4, dtype=torch.float64),
+        torch.randn(2, 5, 7, dtype=torch.float64),
     )
     out, weights = scaled_dot_product_attention(q, k, v, torch.tensor([5, 2]))
     keep = loop_keep_from_valid_lens([5, 2], 2, 3, 5)

@@ -45,8 +45,10 @@ def test_softmax_right_answers_pass(capsys):
         (lambda s: s.exp() / s.exp().sum(dim=-1, keepdim=True), "subtract each row's maximum"),
         (lambda s: (s - s.max(-1, keepdim=True).values).exp(), None),
         (lambda s: s.exp() / s.exp().sum(), None),
-        (lambda s: (s - s.max(-1, keepdim=True).values).exp() / (s - s.max(-1, keepdim=True).values).exp().sum(-1),
-         None),
+        (
+            lambda s: (s - s.max(-1, keepdim=True).values).exp() / (s - s.max(-1, keepdim=True).values).exp().sum(-1),
+            None,
+        ),
     ],
 )
 def test_softmax_mistakes_fail(fn, fragment):
@@ -303,8 +305,14 @@ def test_stubs_are_reported_as_not_attempted(capsys):
     def todo(*args):
         raise NotImplementedError("write me")
 
-    raw = [nb01.check_softmax, nb01.check_temperature_attention, nb01.check_attention_entropy,
-           nb02.check_causal_mask, nb02.check_padding_mask, nb02.check_masked_softmax]
+    raw = [
+        nb01.check_softmax,
+        nb01.check_temperature_attention,
+        nb01.check_attention_entropy,
+        nb02.check_causal_mask,
+        nb02.check_padding_mask,
+        nb02.check_masked_softmax,
+    ]
     for check in raw:
         with pytest.raises(NotAttempted):
             check(todo)

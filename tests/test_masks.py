@@ -23,9 +23,7 @@ from mha_tutorial.masks import as_valid_lens, check_mask, check_valid_lens
 
 
 def test_causal_mask_square_is_lower_triangle():
-    expected = torch.tensor(
-        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool
-    )
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
     assert torch.equal(causal_mask(4), expected)
     assert causal_mask(4).dtype == torch.bool
 

@@ -169,8 +169,11 @@ def test_seq_first_fully_masked_query_is_finite():
 @pytest.mark.parametrize(
     "mask, error, pattern",
     [
-        (torch.ones(4, 5, dtype=torch.bool), ValueError,
-         r"mask must have shape \[Q, K, B\] = \[4, 5, 3\] \(Q or B may be 1\), got \[4, 5\]"),
+        (
+            torch.ones(4, 5, dtype=torch.bool),
+            ValueError,
+            r"mask must have shape \[Q, K, B\] = \[4, 5, 3\] \(Q or B may be 1\), got \[4, 5\]",
+        ),
         (torch.ones(4, 4, 3, dtype=torch.bool), ValueError, r"\[4, 5, 3\].*got \[4, 4, 3\]"),
         (torch.ones(2, 5, 3, dtype=torch.bool), ValueError, r"got \[2, 5, 3\]"),
         (torch.ones(4, 5, 2, dtype=torch.bool), ValueError, r"got \[4, 5, 2\]"),

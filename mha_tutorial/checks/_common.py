@@ -60,7 +60,9 @@ def expect_shape(actual: torch.Tensor, expected: tuple, case: str) -> None:
 
 def expect_finite(actual: torch.Tensor, case: str) -> None:
     if torch.isnan(actual).any():
-        raise CheckFailed(f"{case}: the result contains NaN (from 0/0 or inf - inf; on a fully-masked row the weights must be zeros)")
+        raise CheckFailed(
+            f"{case}: the result contains NaN (from 0/0 or inf - inf; on a fully-masked row the weights must be zeros)"
+        )
     if torch.isinf(actual).any():
         raise CheckFailed(f"{case}: the result contains inf")
 

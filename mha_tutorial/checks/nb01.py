@@ -66,8 +66,10 @@ def check_softmax(my_softmax) -> None:
         ("scores of shape (2, 4, 4) (as many queries as keys)", _randn(2, 4, 4, seed=2)),
         ("scores with a head axis, shape (2, 2, 3, 4)", _randn(2, 2, 3, 4, seed=3)),
         ("large scores (around 1000), shape (1, 3, 4)", _randn(1, 3, 4, seed=4, scale=30.0) + 1000.0),
-        ("scores with -inf entries (masked keys), shape (1, 2, 3)",
-         torch.tensor([[[0.5, float("-inf"), 1.5], [float("-inf"), 2.0, 0.0]]])),
+        (
+            "scores with -inf entries (masked keys), shape (1, 2, 3)",
+            torch.tensor([[[0.5, float("-inf"), 1.5], [float("-inf"), 2.0, 0.0]]]),
+        ),
     ]
     for case, scores in cases:
         original = scores.clone()
@@ -87,15 +89,26 @@ def check_softmax(my_softmax) -> None:
                 "maximum before exp (softmax(x) = softmax(x - max x), so the answer does not change)"
             )
         mistakes = [
-            ("rows sum to 1 over the wrong axis: you normalised over the queries (dim=-2); "
-             "softmax must be over the keys (dim=-1)", F.softmax(scores, dim=-2)),
-            ("rows sum to 1 over the wrong axis: you normalised over the first axis (dim=0); "
-             "softmax must be over the keys (dim=-1)", F.softmax(scores, dim=0)),
-            ("rows sum to 1 over the wrong axis: you normalised over dim=1, which is the keys only for 2-D "
-             "scores; use dim=-1 so the code works for any number of leading axes", F.softmax(scores, dim=1)),
+            (
+                "rows sum to 1 over the wrong axis: you normalised over the queries (dim=-2); "
+                "softmax must be over the keys (dim=-1)",
+                F.softmax(scores, dim=-2),
+            ),
+            (
+                "rows sum to 1 over the wrong axis: you normalised over the first axis (dim=0); "
+                "softmax must be over the keys (dim=-1)",
+                F.softmax(scores, dim=0),
+            ),
+            (
+                "rows sum to 1 over the wrong axis: you normalised over dim=1, which is the keys only for 2-D "
+                "scores; use dim=-1 so the code works for any number of leading axes",
+                F.softmax(scores, dim=1),
+            ),
             ("the result is exp(scores) without dividing by the row sum", torch.exp(scores)),
-            ("you normalised by the sum over the whole tensor instead of each row (over the keys, dim=-1)",
-             torch.exp(scores - scores.max()) / torch.exp(scores - scores.max()).sum()),
+            (
+                "you normalised by the sum over the whole tensor instead of each row (over the keys, dim=-1)",
+                torch.exp(scores - scores.max()) / torch.exp(scores - scores.max()).sum(),
+            ),
         ]
         _diagnose(out, expected, mistakes, case)
     passed("check_softmax", len(cases))
@@ -145,24 +158,38 @@ def check_temperature_attention(my_attention) -> None:
             expect_shape(weights, (*lead, Q, K), case + " (weights, one row per query)")
         expect_finite(weights, case)
         mistakes = [
-            ("forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / T)",
-             _weights(queries, keys, temperature, 1.0)),
+            (
+                "forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / T)",
+                _weights(queries, keys, temperature, 1.0),
+            ),
             ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
             ("multiplied by sqrt(d) instead of dividing by it", _weights(queries, keys, temperature, math.sqrt(d))),
-            ("multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
-             _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None),
-            ("the temperature is ignored: the weights are those of temperature 1",
-             _weights(queries, keys, 1.0, r) if temperature != 1 else None),
-            ("softmax over the wrong axis: you normalised over the queries (dim=-2); it must be over the keys "
-             "(dim=-1), so that each query's weights sum to 1", _weights(queries, keys, temperature, r, dim=-2)),
-            ("wrong transposition: the weights are softmax(K Q^T) (one row per key); the scores are "
-             "Q @ K^T, one row per query", _weights(queries, keys, temperature, r, transpose_scores=True)),
+            (
+                "multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
+                _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None,
+            ),
+            (
+                "the temperature is ignored: the weights are those of temperature 1",
+                _weights(queries, keys, 1.0, r) if temperature != 1 else None,
+            ),
+            (
+                "softmax over the wrong axis: you normalised over the queries (dim=-2); it must be over the keys "
+                "(dim=-1), so that each query's weights sum to 1",
+                _weights(queries, keys, temperature, r, dim=-2),
+            ),
+            (
+                "wrong transposition: the weights are softmax(K Q^T) (one row per key); the scores are "
+                "Q @ K^T, one row per query",
+                _weights(queries, keys, temperature, r, transpose_scores=True),
+            ),
         ]
         _diagnose(weights, ref_w, mistakes, case + " (weights)")
         expect_shape(output, (*lead, Q, v), case + " (output)")
         out_mistakes = [
-            ("the output uses the transposed weights (weights^T @ values); it must be weights @ values",
-             ref_w.transpose(-2, -1) @ values if Q == K else None),
+            (
+                "the output uses the transposed weights (weights^T @ values); it must be weights @ values",
+                ref_w.transpose(-2, -1) @ values if Q == K else None,
+            ),
         ]
         _diagnose(output, ref_out, out_mistakes, case + " (output)")
     passed("check_temperature_attention", len(cases))
@@ -179,8 +206,9 @@ def check_attention_entropy(attention_entropy) -> None:
     """``attention_entropy(weights)`` -> entropy in nats of each query's weights, shape (..., Q)."""
     uniform = torch.full((1, 3, 4), 0.25)
     one_hot = F.one_hot(torch.tensor([[0, 2, 1]]), 4).float()  # (1, 3, 4)
-    zero_rows = F.softmax(_randn(2, 3, 5, seed=21).masked_fill(torch.tensor([False, False, True, True, False]),
-                                                                 float("-inf")), dim=-1)
+    zero_rows = F.softmax(
+        _randn(2, 3, 5, seed=21).masked_fill(torch.tensor([False, False, True, True, False]), float("-inf")), dim=-1
+    )
     cases = [
         ("uniform weights over 4 keys (entropy log 4)", uniform),
         ("one-hot weights (entropy 0)", one_hot),
@@ -192,12 +220,16 @@ def check_attention_entropy(attention_entropy) -> None:
         out = expect_tensor(_run(attention_entropy, weights.clone(), case=case), case)
         expected = _entropy(weights)
         if tuple(out.shape) == (*weights.shape[:-1], 1):
-            raise CheckFailed(f"{case}: shape {tuple(out.shape)}: drop the summed key axis (keepdim=False), "
-                              f"expected {tuple(expected.shape)}")
+            raise CheckFailed(
+                f"{case}: shape {tuple(out.shape)}: drop the summed key axis (keepdim=False), "
+                f"expected {tuple(expected.shape)}"
+            )
         per_key = tuple(weights.shape[:-2]) + (weights.shape[-1],)
         if tuple(out.shape) == per_key and weights.shape[-1] != weights.shape[-2]:
-            raise CheckFailed(f"{case}: shape {tuple(out.shape)} has one entry per key: sum over the keys "
-                              f"(dim=-1) to get one entropy per query, shape {tuple(expected.shape)}")
+            raise CheckFailed(
+                f"{case}: shape {tuple(out.shape)} has one entry per key: sum over the keys "
+                f"(dim=-1) to get one entropy per query, shape {tuple(expected.shape)}"
+            )
         expect_shape(out, expected.shape, case + " (one entropy per query)")
         if torch.isnan(out).any():
             raise CheckFailed(
@@ -206,8 +238,7 @@ def check_attention_entropy(attention_entropy) -> None:
             )
         mistakes = [
             ("the entropy is negative: H = -sum p log p has a minus sign", -expected),
-            ("used log base 2 (bits); measure in nats with the natural log, torch.log",
-             expected / math.log(2)),
+            ("used log base 2 (bits); measure in nats with the natural log, torch.log", expected / math.log(2)),
             ("averaged over the keys instead of summing (mean instead of sum)", expected / weights.shape[-1]),
         ]
         _diagnose(out, expected, mistakes, case, atol=1e-4)

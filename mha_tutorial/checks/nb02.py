@@ -73,15 +73,25 @@ def check_causal_mask(my_causal_mask) -> None:
         offset = K - num_queries
         mistakes = [
             (_INVERTED, ~expected),
-            ("off-by-one on the diagonal: each query must also see its own position (key j = i is allowed); "
-             "use tril with diagonal 0, not -1", ones.tril(offset - 1)),
-            ("off-by-one on the diagonal: query i may see keys 0..i, not i + 1 (that is one step into the future)",
-             ones.tril(offset + 1)),
-            ("upper triangle: query i would see the *future* keys j > i; a causal mask keeps the lower triangle "
-             "(j <= i)", ones.triu(-offset)),
-            ("with more keys than queries, the queries are the *last* Q positions (e.g. new tokens after a cached "
-             f"prefix), so query i sees keys 0..i + (K - Q): use tril(diagonal=K - Q) = tril({offset})",
-             ones.tril(0) if offset else None),
+            (
+                "off-by-one on the diagonal: each query must also see its own position (key j = i is allowed); "
+                "use tril with diagonal 0, not -1",
+                ones.tril(offset - 1),
+            ),
+            (
+                "off-by-one on the diagonal: query i may see keys 0..i, not i + 1 (that is one step into the future)",
+                ones.tril(offset + 1),
+            ),
+            (
+                "upper triangle: query i would see the *future* keys j > i; a causal mask keeps the lower triangle "
+                "(j <= i)",
+                ones.triu(-offset),
+            ),
+            (
+                "with more keys than queries, the queries are the *last* Q positions (e.g. new tokens after a cached "
+                f"prefix), so query i sees keys 0..i + (K - Q): use tril(diagonal=K - Q) = tril({offset})",
+                ones.tril(0) if offset else None,
+            ),
             ("you anchored the mask at the bottom-right but inverted it", ~ones.tril(0) if offset else None),
         ]
         _diagnose_mask(actual, expected, mistakes, case)
@@ -122,8 +132,10 @@ def check_padding_mask(my_padding_mask) -> None:
         lens = valid_lens[:, None, None] if valid_lens.dim() == 1 else valid_lens[..., None]
         mistakes = [
             (_INVERTED + " (True on the padding)", ~expected),
-            ("off-by-one: valid_lens counts the visible keys, so key j is visible when j < valid_len (not <=)",
-             positions <= lens),
+            (
+                "off-by-one: valid_lens counts the visible keys, so key j is visible when j < valid_len (not <=)",
+                positions <= lens,
+            ),
             ("off-by-one: key j is visible when j < valid_len (you used j < valid_len - 1)", positions < lens - 1),
         ]
         _diagnose_mask(actual, expected, mistakes, case)
@@ -142,27 +154,49 @@ def check_masked_softmax(my_masked_softmax) -> None:
     cases = [
         ("float32 scores (2, 3, 4), valid_lens [2, 4]", _seeded_scores((2, 3, 4), 30), torch.tensor([2, 4])),
         ("float32 scores (3, 2, 5), valid_lens [5, 1, 3]", _seeded_scores((3, 2, 5), 31), torch.tensor([5, 1, 3])),
-        ("float32 scores (2, 3, 4), valid_lens [0, 3] (example 0 has no visible key)",
-         _seeded_scores((2, 3, 4), 32), torch.tensor([0, 3])),
-        ("float32 scores (2, 3, 4), 2-D valid_lens [[1, 0, 3], [4, 4, 2]]", _seeded_scores((2, 3, 4), 33),
-         torch.tensor([[1, 0, 3], [4, 4, 2]])),
-        ("float16 scores (2, 3, 4), valid_lens [0, 2]", _seeded_scores((2, 3, 4), 34, torch.float16),
-         torch.tensor([0, 2])),
-        ("bfloat16 scores (2, 3, 4), valid_lens [3, 0]", _seeded_scores((2, 3, 4), 35, torch.bfloat16),
-         torch.tensor([3, 0])),
+        (
+            "float32 scores (2, 3, 4), valid_lens [0, 3] (example 0 has no visible key)",
+            _seeded_scores((2, 3, 4), 32),
+            torch.tensor([0, 3]),
+        ),
+        (
+            "float32 scores (2, 3, 4), 2-D valid_lens [[1, 0, 3], [4, 4, 2]]",
+            _seeded_scores((2, 3, 4), 33),
+            torch.tensor([[1, 0, 3], [4, 4, 2]]),
+        ),
+        (
+            "float16 scores (2, 3, 4), valid_lens [0, 2]",
+            _seeded_scores((2, 3, 4), 34, torch.float16),
+            torch.tensor([0, 2]),
+        ),
+        (
+            "bfloat16 scores (2, 3, 4), valid_lens [3, 0]",
+            _seeded_scores((2, 3, 4), 35, torch.bfloat16),
+            torch.tensor([3, 0]),
+        ),
     ]
     fp16_hint = (
         "\nHint: a constant such as -1e9 does not fit in float16 (its largest magnitude is 65504). "
         "Use torch.finfo(scores.dtype).min, which exists in every floating dtype"
     )
     for case, scores, valid_lens in cases:
-        actual = expect_tensor(_run(my_masked_softmax, scores.clone(), valid_lens.clone(), case=case,
-                                    hint=fp16_hint if scores.dtype != torch.float32 else ""), case)
+        actual = expect_tensor(
+            _run(
+                my_masked_softmax,
+                scores.clone(),
+                valid_lens.clone(),
+                case=case,
+                hint=fp16_hint if scores.dtype != torch.float32 else "",
+            ),
+            case,
+        )
         expected = masked_softmax(scores, valid_lens)
         expect_shape(actual, expected.shape, case)
         if actual.dtype != scores.dtype:
-            raise CheckFailed(f"{case}: the result has dtype {actual.dtype}; keep the dtype of the scores "
-                              f"({scores.dtype}) (adding a float32 mask to half-precision scores silently upcasts)")
+            raise CheckFailed(
+                f"{case}: the result has dtype {actual.dtype}; keep the dtype of the scores "
+                f"({scores.dtype}) (adding a float32 mask to half-precision scores silently upcasts)"
+            )
         keep = padding_mask(valid_lens, scores.shape[-1])  # (B, 1 or Q, K)
         empty = ~keep.any(dim=-1).expand(scores.shape[:-1])  # (B, Q): rows with no visible key
         actual_f, expected_f = actual.detach().float().cpu(), expected.float()
@@ -188,8 +222,7 @@ def check_masked_softmax(my_masked_softmax) -> None:
             off_by_one = masked_softmax(scores.float(), mask=torch.arange(K) <= lens)
             if torch.allclose(actual_f, off_by_one, atol=2e-3):
                 raise CheckFailed(f"{case}: off-by-one: key j is visible when j < valid_len (you used <=)")
-            raise CheckFailed(f"{case}: a masked (padded) key got a non-zero weight; masked keys must get "
-                              "exactly 0")
+            raise CheckFailed(f"{case}: a masked (padded) key got a non-zero weight; masked keys must get exactly 0")
         tol = 1e-5 if scores.dtype == torch.float32 else 1e-2
         expect_close(actual_f, expected_f, case, atol=tol, rtol=tol)
 
@@ -201,8 +234,9 @@ def check_masked_softmax(my_masked_softmax) -> None:
     try:
         (out * upstream).sum().backward()
     except RuntimeError as e:
-        raise CheckFailed(f"{case}: backward failed ({e}); build the result from differentiable tensor "
-                          "operations") from None
+        raise CheckFailed(
+            f"{case}: backward failed ({e}); build the result from differentiable tensor operations"
+        ) from None
     if scores.grad is None or not torch.isfinite(scores.grad).all():
         raise CheckFailed(
             f"{case}: the forward pass is right but the gradient contains NaN. torch.where / nan_to_num hide a "
