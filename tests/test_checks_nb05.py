@@ -1,0 +1,360 @@
+"""The exercise checks of notebook 05 accept right answers and reject typical wrong ones by name."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from mha_tutorial import causal_mask
+from mha_tutorial.checks import (
+    CheckFailed,
+    check_decoder_mask,
+    check_greedy_decode,
+    check_masked_loss_and_accuracy,
+)
+from mha_tutorial.checks.nb05 import _loss_cases, reference_decoder_mask
+from mha_tutorial.tasks import get_task, load_split
+from mha_tutorial.train import load_pretrained
+
+# ---------------------------------------------------------------- Exercise 1: the left-padded decoder mask
+
+
+def mask_right(valid_lens, num_steps):
+    T = num_steps
+    keys = torch.arange(T)[None, :] >= (T - valid_lens)[:, None]  # (B, K)
+    return torch.ones(T, T, dtype=torch.bool).tril()[None] & keys[:, None, :]
+
+
+def mask_by_loops(valid_lens, num_steps):
+    T = num_steps
+    out = torch.zeros(len(valid_lens), T, T, dtype=torch.bool)
+    for b, n in enumerate(valid_lens.tolist()):
+        for i in range(T):
+            for j in range(T):
+                out[b, i, j] = j <= i and j >= T - n
+    return out
+
+
+def mask_causal_only(valid_lens, num_steps):
+    return causal_mask(num_steps)[None].expand(len(valid_lens), num_steps, num_steps)
+
+
+def mask_right_padded(valid_lens, num_steps):
+    keys = torch.arange(num_steps)[None, :] < valid_lens[:, None]
+    return causal_mask(num_steps)[None] & keys[:, None, :]
+
+
+def mask_pads_counted(valid_lens, num_steps):
+    keys = torch.arange(num_steps)[None, :] >= valid_lens[:, None]
+    return causal_mask(num_steps)[None] & keys[:, None, :]
+
+
+def mask_no_causal(valid_lens, num_steps):
+    keys = torch.arange(num_steps)[None, :] >= (num_steps - valid_lens)[:, None]  # (B, K)
+    return keys[:, None, :].expand(-1, num_steps, -1)
+
+
+def mask_upper(valid_lens, num_steps):
+    keys = torch.arange(num_steps)[None, :] >= (num_steps - valid_lens)[:, None]
+    return torch.ones(num_steps, num_steps, dtype=torch.bool).triu()[None] & keys[:, None, :]
+
+
+def mask_swapped(valid_lens, num_steps):
+    return mask_right(valid_lens, num_steps).transpose(1, 2)
+
+
+def mask_strict(valid_lens, num_steps):
+    keys = torch.arange(num_steps)[None, :] >= (num_steps - valid_lens)[:, None]
+    return torch.ones(num_steps, num_steps, dtype=torch.bool).tril(-1)[None] & keys[:, None, :]
+
+
+def mask_inverted(valid_lens, num_steps):
+    return ~mask_right(valid_lens, num_steps)
+
+
+def mask_float(valid_lens, num_steps):
+    return mask_right(valid_lens, num_steps).float()
+
+
+def mask_head_axis(valid_lens, num_steps):
+    return mask_right(valid_lens, num_steps)[:, None]
+
+
+def mask_flipped_bit(valid_lens, num_steps):
+    out = mask_right(valid_lens, num_steps).clone()
+    out[0, -1, -1] = ~out[0, -1, -1]
+    return out
+
+
+def test_decoder_mask_accepts_right_answers(capsys):
+    check_decoder_mask(mask_right)
+    check_decoder_mask(mask_by_loops)
+    check_decoder_mask(reference_decoder_mask)
+    assert "✓ check_decoder_mask: passed on 4 cases" in capsys.readouterr().out
+
+
+def test_reference_decoder_mask_by_loops():
+    lens = torch.tensor([4, 2, 5, 1, 0])
+    assert torch.equal(reference_decoder_mask(lens, 5), mask_by_loops(lens, 5))
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (mask_causal_only, "forgot the padding"),
+        (mask_right_padded, "treated the batch as right-padded"),
+        (mask_pads_counted, "valid_lens counts the real tokens"),
+        (mask_no_causal, "forgot the causal part"),
+        (mask_upper, "upper triangle"),
+        (mask_swapped, "query and key axes swapped"),
+        (mask_strict, "off-by-one on the diagonal"),
+        (mask_inverted, "mask convention inverted"),
+        (mask_float, "return a bool tensor"),
+        (mask_head_axis, "has a head axis"),
+        (mask_flipped_bit, "wrong mask, first at index (0, 4, 4)"),
+    ],
+)
+def test_decoder_mask_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_decoder_mask(wrong)
+    assert words in str(info.value)
+
+
+# ---------------------------------------------------------------- Exercise 2: masked loss and accuracy
+
+
+def loss_right(logits, targets, loss_mask):
+    loss = F.cross_entropy(logits[loss_mask], targets[loss_mask])
+    return loss, (logits.argmax(-1) == targets)[loss_mask].float().mean().item()
+
+
+def loss_by_nll(logits, targets, loss_mask):
+    logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]  # (B, T)
+    loss = -(logp * loss_mask).sum() / loss_mask.sum()
+    acc = ((logits.argmax(-1) == targets) & loss_mask).sum() / loss_mask.sum()  # a 0-d tensor is fine too
+    return loss, acc
+
+
+def loss_everywhere(logits, targets, loss_mask):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten()), loss_right(logits, targets, loss_mask)[1]
+
+
+def loss_mean_over_all(logits, targets, loss_mask):
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    return (ce * loss_mask).mean(), loss_right(logits, targets, loss_mask)[1]
+
+
+def loss_sum(logits, targets, loss_mask):
+    return F.cross_entropy(logits[loss_mask], targets[loss_mask], reduction="sum"), 0.0
+
+
+def loss_inverted(logits, targets, loss_mask):
+    return F.cross_entropy(logits[~loss_mask], targets[~loss_mask]), 0.0
+
+
+def loss_double_softmax(logits, targets, loss_mask):
+    return F.cross_entropy(logits.softmax(-1)[loss_mask], targets[loss_mask]), 0.0
+
+
+def loss_per_sequence(logits, targets, loss_mask):
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    return ((ce * loss_mask).sum(1) / loss_mask.sum(1)).mean(), 0.0
+
+
+def loss_item(logits, targets, loss_mask):
+    loss, acc = loss_right(logits, targets, loss_mask)
+    return loss.item(), acc
+
+
+def loss_detached(logits, targets, loss_mask):
+    loss, acc = loss_right(logits, targets, loss_mask)
+    return loss.detach(), acc
+
+
+def loss_unreduced(logits, targets, loss_mask):
+    return F.cross_entropy(logits[loss_mask], targets[loss_mask], reduction="none"), 0.0
+
+
+def acc_with(accuracy):
+    def fn(logits, targets, loss_mask):
+        return loss_right(logits, targets, loss_mask)[0], accuracy(logits, targets, loss_mask)
+
+    return fn
+
+
+def acc_everywhere(logits, targets, mask):
+    return (logits.argmax(-1) == targets).float().mean().item()
+
+
+def acc_count(logits, targets, mask):
+    return int((logits.argmax(-1) == targets)[mask].sum())
+
+
+def acc_percent(logits, targets, mask):
+    return 100 * (logits.argmax(-1) == targets)[mask].float().mean().item()
+
+
+def acc_inverted(logits, targets, mask):
+    return (logits.argmax(-1) == targets)[~mask].float().mean().item()
+
+
+def acc_per_sequence(logits, targets, mask):
+    right = (logits.argmax(-1) == targets) & mask
+    return (right.sum(1) / mask.sum(1)).mean().item()
+
+
+def acc_wrong_axis(logits, targets, mask):
+    return (logits.argmax(1) == targets)[mask].float().mean().item()
+
+
+def acc_bool(logits, targets, mask):
+    return True
+
+
+def test_masked_loss_and_accuracy_accepts_right_answers(capsys):
+    check_masked_loss_and_accuracy(loss_right)
+    check_masked_loss_and_accuracy(loss_by_nll)
+    assert "✓ check_masked_loss_and_accuracy: passed on 3 cases" in capsys.readouterr().out
+
+
+def test_loss_cases_tell_per_sequence_means_apart():
+    """The cases are built so that the mistakes differ from the right answer (else they could not be named)."""
+    for logits, targets, mask, _ in _loss_cases():
+        loss, acc = loss_right(logits, targets, mask)
+        assert 0 < acc < 1
+        assert mask.sum(1).unique().numel() > 1  # sequences count different numbers of positions
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (loss_everywhere, r"loss [\d.]+: averaged over every position"),
+        (loss_mean_over_all, r"divides by all B\*T positions"),
+        (loss_sum, "returned the sum"),
+        (loss_inverted, "loss_mask inverted"),
+        (loss_double_softmax, "applied softmax before F.cross_entropy"),
+        (loss_per_sequence, "averaged per sequence first"),
+        (loss_item, "return it as a tensor"),
+        (loss_detached, "cut off from the logits"),
+        (loss_unreduced, "it must be one number"),
+        (acc_with(acc_everywhere), r"accuracy [\d.]+: averaged over every position"),
+        (acc_with(acc_count), "returned the number of right predictions"),
+        (acc_with(acc_percent), "returned a percentage"),
+        (acc_with(acc_inverted), r"accuracy [\d.]+: loss_mask inverted"),
+        (acc_with(acc_per_sequence), r"accuracy [\d.]+: averaged per sequence first"),
+        (acc_with(acc_wrong_axis), "argmax over the wrong axis"),
+        (acc_with(acc_bool), "return the accuracy as a float"),
+        (lambda *a: 1.0, r"return a pair \(loss, accuracy\)"),
+    ],
+)
+def test_masked_loss_and_accuracy_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_masked_loss_and_accuracy(wrong)
+    assert re.search(words, str(info.value)), str(info.value)
+
+
+# ---------------------------------------------------------------- Exercise 3: greedy decoding
+
+
+def greedy_right(model, src, src_valid_lens, num_steps, bos_id):
+    memory = model.encode(src, src_valid_lens)
+    out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    for _ in range(num_steps):
+        logits = model.decode(out, memory, src_valid_lens)
+        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return out[:, 1:]
+
+
+def greedy_forward(model, src, src_valid_lens, num_steps, bos_id):
+    """Calling the whole model at every step (re-encoding the source) is slower but right."""
+    out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(num_steps):
+            out = torch.cat([out, model(src, out, src_valid_lens)[:, -1:].argmax(-1)], dim=1)
+    return out[:, 1:]
+
+
+def greedy_variant(*, keep_bos=False, short=False, last_only=False, first=False, no_lens=False, floats=False):
+    def fn(model, src, src_valid_lens, num_steps, bos_id):
+        lens = None if no_lens else src_valid_lens
+        memory = model.encode(src, lens)
+        out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+        for _ in range(num_steps - 1 if short else num_steps):
+            logits = model.decode(out[:, -1:] if last_only else out, memory, lens)
+            out = torch.cat([out, logits[:, 0 if first else -1].argmax(-1, keepdim=True)], dim=1)
+        out = out if keep_bos else out[:, 1:]
+        return out.float() if floats else out
+
+    return fn
+
+
+def greedy_cheat(model, src, src_valid_lens, num_steps, bos_id):
+    return model.greedy_decode(src, num_steps, bos_id, src_valid_lens)
+
+
+def greedy_wrong_token(model, src, src_valid_lens, num_steps, bos_id):
+    out = greedy_right(model, src, src_valid_lens, num_steps, bos_id).clone()
+    out[3, 1] = (out[3, 1] + 1) % 11 + 1
+    return out
+
+
+def test_greedy_decode_accepts_right_answers(capsys):
+    check_greedy_decode(greedy_right)
+    check_greedy_decode(greedy_forward)
+    assert "✓ check_greedy_decode: passed on 4 cases" in capsys.readouterr().out
+
+
+def test_greedy_decode_reads_real_dates():
+    """The check's trained model really decodes the eval dates, so wrong loops are told apart from right ones."""
+    task = get_task("dates")
+    examples = load_split("dates")[:12]
+    batch = task.collate(examples)
+    model = load_pretrained("dates", device="cpu")
+    got = greedy_right(model, batch.src, batch.valid_lens, 10, task.tgt_stoi["<bos>"])
+    assert [task.decode(row) for row in got] == [target for _, target, _ in examples]
+    assert batch.valid_lens.unique().numel() > 1  # some sources are padded
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (greedy_variant(keep_bos=True), "still starts with <bos>"),
+        (greedy_variant(short=True), "one token short"),
+        (greedy_variant(last_only=True), "fed back only the last token"),
+        (greedy_variant(first=True), "read the prediction at the first position"),
+        (greedy_variant(no_lens=True), "src_valid_lens was not passed on"),
+        (greedy_variant(floats=True), "return token ids"),
+        (greedy_cheat, "called model.greedy_decode"),
+        (greedy_wrong_token, "wrong tokens for"),
+    ],
+)
+def test_greedy_decode_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_greedy_decode(wrong)
+    assert words in str(info.value)
+
+
+# ---------------------------------------------------------------- all three
+
+
+def not_implemented(*args, **kwargs):
+    raise NotImplementedError("write me")
+
+
+@pytest.mark.parametrize("check", [check_decoder_mask, check_masked_loss_and_accuracy, check_greedy_decode])
+def test_not_attempted_is_reported_not_raised(check, capsys):
+    check(not_implemented)
+    assert "not attempted yet (write me)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", [check_decoder_mask, check_masked_loss_and_accuracy, check_greedy_decode])
+def test_a_crash_names_the_case(check):
+    def crash(*args, **kwargs):
+        raise IndexError("boom")
+
+    with pytest.raises(CheckFailed) as info:
+        check(crash)
+    assert "your function raised IndexError: boom" in str(info.value)
