@@ -124,7 +124,9 @@ class MultiHeadAttention(nn.Module):
         """queries (B, Q, q_size), keys (B, K, k_size), values (B, K, v_size) -> (B, Q, num_hiddens).
 
         ``valid_lens`` (B,) or (B, Q) and ``mask`` (bool, broadcastable to (B, H, Q, K),
-        True = may attend) select the visible keys; ``head_mask`` (H,) scales each
+        True = may attend) select the visible keys. For padding use ``valid_lens`` (or a
+        (B, 1, 1, K) mask): a (B, K) mask broadcasts as (Q, K), so when B == Q it is
+        silently read as one row per *query*; ``head_mask`` (H,) scales each
         head's output before ``W_o`` (0 switches a head off).
 
         With ``need_weights=False`` the same projections go through PyTorch's fused

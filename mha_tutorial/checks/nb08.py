@@ -1,0 +1,222 @@
+"""Checks for the exercise of notebook 08 (common errors in attention code).
+
+The exercise hands the learner a multi-head attention core with several of the
+notebook's bugs in it and asks for a fixed ``fixed_attention``. The check runs
+it on small seeded cases chosen so that each bug shows: one batch whose size
+differs from the number of queries (a (B, K) mask then fails to broadcast), one
+whose size equals it (the same mask then broadcasts silently against the query
+axis), an empty example (valid length 0: -inf gives NaN), unequal lengths, head
+size d > 1 (so a missing 1/sqrt(d) changes the weights) and scores large enough
+that the scale matters. When a wrong answer matches one of the notebook's
+mistakes, the message names it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..attention import masked_softmax, scaled_dot_product_attention
+from ..masks import padding_mask
+from ._common import CheckFailed, NotAttempted, call, expect_close, expect_shape, expect_tensor, passed
+
+__all__ = ["check_fixed_attention"]
+
+# (batch, queries, keys, heads, head_size, valid_lens, seed). Case 0 has B != Q, case 1 has B == Q and an
+# empty example, case 2 has a single visible key in one example.
+_CASES = [
+    (2, 3, 4, 2, 3, [4, 2], 80),
+    (3, 3, 5, 2, 4, [5, 0, 2], 81),
+    (2, 4, 4, 3, 2, [1, 3], 82),
+]
+
+
+def _inputs(batch, num_queries, num_keys, heads, head_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    D = heads * head_size
+    queries = torch.randn(batch, num_queries, D, generator=g) * 2  # (B, Q, H*d); large enough for the scale to matter
+    keys = torch.randn(batch, num_keys, D, generator=g) * 2  # (B, K, H*d)
+    values = torch.randn(batch, num_keys, D, generator=g)  # (B, K, H*d)
+    return queries, keys, values
+
+
+def _split(X, heads):
+    return X.unflatten(-1, (heads, -1)).transpose(1, 2)  # (B, T, H*d) -> (B, H, T, d)
+
+
+def reference_attention(queries, keys, values, valid_lens, num_heads):
+    """What ``fixed_attention`` must compute: per-head scaled dot-product attention with padding."""
+    q, k, v = (_split(x, num_heads) for x in (queries, keys, values))  # (B, H, T, d)
+    output, weights = scaled_dot_product_attention(q, k, v, valid_lens)  # (B, H, Q, d), (B, H, Q, K)
+    return output.transpose(1, 2).flatten(2), weights  # (B, Q, H*d), (B, H, Q, K)
+
+
+def _run(fn, *args, case: str):
+    try:
+        return call(fn, *args, case=case)
+    except (CheckFailed, NotAttempted):
+        raise
+    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported, named where we can
+        message = str(e)
+        if isinstance(e, RuntimeError) and "view size is not compatible" in message:
+            raise CheckFailed(
+                f"{case}: .view() failed on a transposed (non-contiguous) tensor (section 1). Merge the heads "
+                "back with .reshape(...) or .flatten(2), or call .contiguous() before .view()"
+            ) from None
+        broadcast_failed = isinstance(e, RuntimeError) and (
+            "must match the size of tensor" in message or "expanded size" in message
+        )
+        if broadcast_failed or (isinstance(e, ValueError) and "does not broadcast" in message):
+            raise CheckFailed(
+                f"{case}: a tensor does not broadcast ({message}). If it is the padding mask: broadcasting lines "
+                "up the *last* axes, so a (B, K) mask meets the (Q, K) axes of the (B, H, Q, K) scores and a "
+                "(B, 1, K) mask meets (H, Q, K) (section 3). Give it all the axes, keep[:, None, None, :] of shape "
+                "(B, 1, 1, K), or use mha_tutorial.masked_softmax(scores, valid_lens)"
+            ) from None
+        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {message}") from None
+
+
+def _known_mistakes(q, k, valid_lens, shape):
+    """(description, weights) for the notebook's mistakes that can be reproduced exactly with the package."""
+    B, H, Q, K = shape
+    d = q.shape[-1]
+    raw = q @ k.transpose(-2, -1)  # (B, H, Q, K), unscaled
+    scaled = raw / math.sqrt(d)
+    keep_bk = padding_mask(valid_lens, K)[:, 0]  # (B, K)
+    mistakes = [
+        (
+            f"forgot the 1/sqrt(d) scale (section 6): the scores must be q . k / sqrt(d), with d = {d} the head size",
+            masked_softmax(raw, valid_lens),
+        ),
+        (f"divided the scores by d = {d}, not by sqrt(d) (section 6)", masked_softmax(raw / d, valid_lens)),
+        (
+            "the weights sit on the padding: the mask convention is inverted (section 4). True must mean 'may attend'",
+            masked_softmax(scaled, mask=~padding_mask(valid_lens, K)[:, None]),
+        ),
+    ]
+    if B == Q:  # a (B, K) mask then fits the (Q, K) axes and nothing fails
+        mistakes.append(
+            (
+                "the (B, K) padding mask was broadcast against the query axis: with B == Q it fits (Q, K), so "
+                "query i used the lengths of example i (section 3). Give the mask all its axes, "
+                "keep[:, None, None, :] of shape (B, 1, 1, K)",
+                masked_softmax(scaled, mask=keep_bk),
+            )
+        )
+    if B == H:  # a (B, 1, K) mask then fits the (H, 1, K) axes
+        mistakes.append(
+            (
+                "the (B, 1, K) padding mask was broadcast against the head axis: with B == H it fits (H, 1, K), "
+                "so head h used the lengths of example h (section 3). Give the mask all its axes, "
+                "keep[:, None, None, :] of shape (B, 1, 1, K)",
+                masked_softmax(scaled, mask=keep_bk[:, None]),
+            )
+        )
+    return mistakes
+
+
+def _diagnose_weights(weights, expected, q, k, valid_lens, case: str) -> None:
+    """Name the notebook's mistake that ``weights`` (B, H, Q, K) shows, if any; then compare values."""
+    B, H, Q, K = expected.shape
+    keep = padding_mask(valid_lens, K)[:, None]  # (B, 1, 1, K), True = real key
+    empty = (valid_lens == 0)[:, None, None].expand(B, H, Q)  # (B, H, Q): queries with no visible key
+    nan = torch.isnan(weights)  # (B, H, Q, K)
+    if nan.any():
+        padded = ~keep.expand(B, H, Q, K)  # (B, H, Q, K): True where the key is padding
+        if torch.equal(nan, padded) and not padded[~empty].all():
+            raise CheckFailed(
+                f"{case}: NaN in every column of a padded key, for all queries: the softmax runs over the queries "
+                "(section 5), and a column that is all -inf gives 0 / 0 = NaN. The softmax must be over the keys, "
+                "dim=-1"
+            )
+        if torch.isnan(weights[empty]).all() and not torch.isnan(weights[~empty]).any():
+            raise CheckFailed(
+                f"{case}: NaN on the rows of the empty example (valid length 0). Filling masked scores with -inf "
+                "makes a row with no visible key 0 / 0 = NaN (section 8); fill with torch.finfo(dtype).min and "
+                "zero the empty rows, or call mha_tutorial.masked_softmax(scores, valid_lens)"
+            )
+        raise CheckFailed(
+            f"{case}: the weights contain NaN on rows of examples that do have visible keys. A padding mask "
+            "broadcast along the wrong axis (a (B, K) mask meeting the query axis, or a (B, 1, K) mask the head "
+            "axis; section 3) can hide every key of such a row, and -inf then gives 0 / 0 = NaN (section 8)"
+        )
+    if torch.isinf(weights).any():
+        raise CheckFailed(f"{case}: the weights contain inf")
+    if torch.allclose(weights, expected, atol=1e-5, rtol=1e-5):
+        return
+    for description, wrong in _known_mistakes(q, k, valid_lens, expected.shape):
+        if torch.allclose(weights, wrong, atol=1e-4):
+            raise CheckFailed(f"{case}: {description}")
+    if empty.any():
+        rows = weights[empty]  # (n, K)
+        if torch.allclose(rows, torch.full_like(rows, 1.0 / K), atol=1e-3):
+            raise CheckFailed(
+                f"{case}: the queries of the empty example (valid length 0) got uniform weights 1/{K}: with a large "
+                "negative fill every score of such a row is equal, so softmax spreads the row evenly over the "
+                "padding (section 8). A query with no visible key must get a row of zeros"
+            )
+        if (rows != 0).any():
+            raise CheckFailed(
+                f"{case}: the queries of the empty example (valid length 0) must get weights of exactly 0, "
+                f"got a row summing to {rows.sum(-1).max().item():.3g}"
+            )
+    row_sums = weights[~empty].sum(-1)  # rows that have a visible key
+    if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4):
+        col_sums = weights.sum(-2)  # (B, H, K)
+        visible = keep[:, :, 0].expand(B, H, K) & ~(valid_lens == 0)[:, None, None]  # (B, H, K)
+        if torch.allclose(col_sums[visible], torch.ones(int(visible.sum())), atol=1e-4):
+            raise CheckFailed(
+                f"{case}: each key's weights sum to 1 over the queries, and the rows do not: the softmax runs over "
+                "the wrong axis (section 5). It must be over the keys, dim=-1"
+            )
+        head_sums = weights.sum(1, keepdim=True).expand(B, H, Q, K)[~empty]  # (n, K), summed over the heads
+        if torch.allclose(head_sums, torch.ones_like(head_sums), atol=1e-4):
+            raise CheckFailed(
+                f"{case}: the weights sum to 1 over the heads: the softmax runs over the head axis, dim=1, of the "
+                "(B, H, Q, K) scores (section 5). It must be over the keys, dim=-1"
+            )
+        raise CheckFailed(
+            f"{case}: the weights of a query must sum to 1 over its visible keys; row sums range from "
+            f"{row_sums.min().item():.3g} to {row_sums.max().item():.3g}"
+        )
+    on_padding = (weights * ~keep).sum().item()
+    if on_padding > 1e-6:
+        raise CheckFailed(f"{case}: padded keys got weight {on_padding:.3g} in total; they must get exactly 0")
+    expect_close(weights, expected, case + " (weights)", atol=1e-5)
+
+
+def check_fixed_attention(fixed_attention) -> None:
+    """``fixed_attention(queries, keys, values, valid_lens, num_heads)`` -> (output, weights).
+
+    queries (B, Q, H*d), keys and values (B, K, H*d), valid_lens (B,) -> output (B, Q, H*d) and
+    weights (B, H, Q, K): per-head scaled dot-product attention that ignores padded keys and gives a
+    query with no visible key a row of zero weights.
+    """
+    for batch, num_queries, num_keys, heads, head_size, lens, seed in _CASES:
+        queries, keys, values = _inputs(batch, num_queries, num_keys, heads, head_size, seed)
+        valid_lens = torch.tensor(lens)
+        case = (
+            f"fixed_attention(queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, valid_lens={lens}, "
+            f"num_heads={heads})"
+        )
+        result = _run(
+            fixed_attention, queries.clone(), keys.clone(), values.clone(), valid_lens.clone(), heads, case=case
+        )
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise CheckFailed(f"{case}: return a pair (output, weights), got {type(result).__name__}")
+        output, weights = (expect_tensor(x, case).detach().float().cpu() for x in result)
+        expected_output, expected_weights = reference_attention(queries, keys, values, valid_lens, heads)
+        expect_shape(weights, expected_weights.shape, case + " (weights, (B, H, Q, K))")
+        expect_shape(output, expected_output.shape, case + " (output, (B, Q, H*d))")
+        q, k = _split(queries, heads), _split(keys, heads)  # (B, H, T, d)
+        _diagnose_weights(weights, expected_weights, q, k, valid_lens, case)
+        if not torch.allclose(output, expected_output, atol=1e-5, rtol=1e-5):
+            per_head = expected_weights @ _split(values, heads)  # (B, H, Q, d)
+            if torch.allclose(output, per_head.reshape(output.shape), atol=1e-5):
+                raise CheckFailed(
+                    f"{case}: the weights are right but the heads were merged in the wrong order: reshaping "
+                    "(B, H, Q, d) straight to (B, Q, H*d) mixes heads and positions; transpose(1, 2) first"
+                )
+        expect_close(output, expected_output, case + " (output)", atol=1e-5)
+    passed("check_fixed_attention", len(_CASES))

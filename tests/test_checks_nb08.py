@@ -1,0 +1,159 @@
+"""The exercise check of notebook 08 accepts right answers and names each bug of the exercise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from mha_tutorial import masked_softmax
+from mha_tutorial.checks import CheckFailed, check_fixed_attention
+from mha_tutorial.checks.nb08 import _CASES, _inputs, reference_attention
+
+
+def make_attention(
+    scale="sqrt", mask="b11k", fill="package", dim=-1, merge="transpose-reshape", split="view-transpose"
+):
+    """A multi-head attention core with one knob per bug of the exercise; the defaults are right."""
+
+    def fn(queries, keys, values, valid_lens, num_heads):
+        B, Q, D = queries.shape
+        K = keys.shape[1]
+        d = D // num_heads
+
+        def heads(X, T):
+            if split == "no-transpose":
+                return X.reshape(B, num_heads, T, d)  # mixes positions and heads
+            return X.view(B, T, num_heads, d).transpose(1, 2)  # (B, H, T, d)
+
+        q, k, v = heads(queries, Q), heads(keys, K), heads(values, K)
+        scores = q @ k.transpose(-2, -1)  # (B, H, Q, K)
+        scores = {"sqrt": scores / math.sqrt(d), "none": scores, "d": scores / d}[scale]
+        real = torch.arange(K) < valid_lens[:, None]  # (B, K)
+        keep = {"b11k": real[:, None, None], "bk": real, "b1k": real[:, None], "inverted": ~real[:, None, None]}[mask]
+        if fill == "package":
+            weights = masked_softmax(scores, mask=keep.expand(scores.shape))
+        elif fill == "-inf":
+            weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=dim)
+        elif fill == "-1e9":
+            weights = torch.softmax(scores.masked_fill(~keep, -1e9), dim=dim)
+        elif fill == "finfo-zeroed":  # the right recipe written out by hand
+            weights = torch.softmax(scores.masked_fill(~keep, torch.finfo(scores.dtype).min), dim=dim)
+            weights = weights.masked_fill(~keep.expand(scores.shape).any(-1, keepdim=True), 0.0)
+        if dim != -1 and fill == "package":
+            weights = torch.softmax(scores.masked_fill(~keep, torch.finfo(scores.dtype).min), dim=dim)
+            weights = weights.masked_fill(~keep.expand(scores.shape).any(-1, keepdim=True), 0.0)
+        output = weights @ v  # (B, H, Q, d)
+        if merge == "view":
+            output = output.transpose(1, 2).view(B, Q, D)
+        elif merge == "no-transpose":
+            output = output.reshape(B, Q, D)
+        else:
+            output = output.transpose(1, 2).reshape(B, Q, D)
+        return output, weights
+
+    return fn
+
+
+def sdpa_attention(queries, keys, values, valid_lens, num_heads):
+    """An independent right answer: PyTorch's fused attention (zeros on fully masked rows in this version)."""
+    B, Q, D = queries.shape
+    K = keys.shape[1]
+    q, k, v = (x.unflatten(-1, (num_heads, -1)).transpose(1, 2) for x in (queries, keys, values))
+    keep = (torch.arange(K) < valid_lens[:, None])[:, None, None]  # (B, 1, 1, K)
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B, H, Q, d)
+    weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask=keep)
+    return output.transpose(1, 2).reshape(B, Q, D), weights
+
+
+def fails_with(fn, *fragments):
+    with pytest.raises(CheckFailed) as info:
+        check_fixed_attention(fn)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_right_answers_pass(capsys):
+    check_fixed_attention(make_attention())
+    check_fixed_attention(make_attention(fill="finfo-zeroed"))
+    check_fixed_attention(reference_attention)
+    check_fixed_attention(sdpa_attention)
+    assert capsys.readouterr().out.count("✓ check_fixed_attention: passed on 3 cases") == 4
+
+
+def test_the_cases_exercise_every_bug():
+    """B != Q and B == Q, B == H, an empty example and unequal lengths are all present."""
+    assert any(b != q for b, q, *_ in _CASES) and any(b == q for b, q, *_ in _CASES)
+    assert any(b == h for b, _, _, h, *_ in _CASES)
+    assert any(0 in lens for *_, lens, _ in _CASES)
+    assert all(d > 1 and len(set(lens)) > 1 for *_, d, lens, _ in _CASES)
+
+
+def test_reference_matches_sdpa():
+    for batch, num_queries, num_keys, heads, head_size, lens, seed in _CASES:
+        args = (*_inputs(batch, num_queries, num_keys, heads, head_size, seed), torch.tensor(lens), heads)
+        out, _ = reference_attention(*args)
+        torch.testing.assert_close(out, sdpa_attention(*args)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "knobs, fragment",
+    [
+        ({"merge": "view"}, "non-contiguous"),
+        ({"merge": "no-transpose"}, "heads were merged in the wrong order"),
+        ({"mask": "bk"}, "does not broadcast"),  # case 0 has B != Q: it crashes
+        ({"mask": "bk", "fill": "-inf"}, "does not broadcast"),
+        ({"mask": "b1k"}, "broadcast against the head axis"),  # case 0 has B == H: it runs
+        ({"mask": "b1k", "fill": "-inf"}, "section 3"),
+        ({"mask": "inverted"}, "convention is inverted"),
+        ({"fill": "-inf"}, "0 / 0 = NaN"),
+        ({"fill": "-1e9"}, "uniform weights"),
+        ({"dim": -2}, "wrong axis"),
+        ({"dim": 1}, "head axis, dim=1"),
+        ({"dim": -2, "fill": "-inf"}, "softmax runs over the queries"),
+        ({"scale": "none"}, "forgot the 1/sqrt(d) scale"),
+        ({"scale": "d"}, "not by sqrt(d)"),
+        ({"split": "no-transpose"}, None),
+    ],
+)
+def test_each_bug_fails_and_is_named(knobs, fragment):
+    fails_with(make_attention(**knobs), *([fragment] if fragment else []))
+
+
+def test_silent_mask_broadcasts_are_named_on_the_cases_where_they_fit():
+    """Where B == Q (or B == H) the misaligned mask runs; the check recognises it instead of crashing on it."""
+    from mha_tutorial.checks import nb08
+
+    saved = nb08._CASES
+    try:
+        nb08._CASES = [c for c in saved if c[0] == c[1]]  # B == Q only: a (B, K) mask fits (Q, K)
+        fails_with(make_attention(mask="bk"), "broadcast against the query axis")
+        nb08._CASES = [c for c in saved if c[0] == c[3]]  # B == H only: a (B, 1, K) mask fits (H, 1, K)
+        fails_with(make_attention(mask="b1k"), "broadcast against the head axis")
+    finally:
+        nb08._CASES = saved
+
+
+def test_the_notebooks_buggy_function_fails_and_every_fix_is_needed():
+    """All five bugs together fail; fixing any four of them still fails."""
+    bugs = {"merge": "view", "mask": "bk", "fill": "-inf", "dim": -2, "scale": "none"}
+    fails_with(make_attention(**bugs))
+    for left in bugs:
+        fails_with(make_attention(**{left: bugs[left]}))
+
+
+def test_wrong_return_values_are_reported():
+    fails_with(lambda q, k, v, lens, h: reference_attention(q, k, v, lens, h)[0], "return a pair")
+    fails_with(lambda q, k, v, lens, h: reference_attention(q, k, v, lens, h)[::-1], "wrong shape")
+
+
+def test_not_attempted_is_reported_not_raised(capsys):
+    def stub(queries, keys, values, valid_lens, num_heads):
+        raise NotImplementedError("Exercise 1: fix the bugs")
+
+    check_fixed_attention(stub)
+    assert "not attempted yet" in capsys.readouterr().out
