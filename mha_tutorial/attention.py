@@ -19,30 +19,49 @@ from torch.nn import functional as F
 from .masks import as_valid_lens, check_mask, check_valid_lens, padding_mask
 
 
-def _keep_mask(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor | None:
-    """Validate ``valid_lens`` and ``mask`` against ``scores`` and combine them.
+def _keep_mask(shape: tuple, device, valid_lens=None, mask=None) -> torch.Tensor | None:
+    """Validate ``valid_lens`` and ``mask`` against scores of ``shape`` and combine them.
 
-    Returns a bool tensor that broadcasts to ``scores`` (True = may attend), or
-    None when nothing is masked. ``valid_lens`` indexes the first axis of
-    ``scores``; the axes between the first and the last two are broadcast.
+    Returns a bool tensor that broadcasts to ``shape`` (True = may attend), or
+    None when nothing is masked. ``valid_lens`` indexes the first axis of the
+    scores; the axes between the first and the last two are broadcast.
     """
+    shape = tuple(shape)
     keep = None
     if valid_lens is not None:
-        if scores.dim() < 3:
+        if len(shape) < 3:
             raise ValueError(
-                f"valid_lens needs scores with a batch axis, (B, Q, K) or (B, ..., Q, K), "
-                f"got shape {tuple(scores.shape)}"
+                f"valid_lens needs scores with a batch axis, (B, Q, K) or (B, ..., Q, K), got shape {shape}"
             )
-        valid_lens = as_valid_lens(valid_lens).to(scores.device)
-        batch, num_queries, num_keys = scores.shape[0], scores.shape[-2], scores.shape[-1]
+        valid_lens = as_valid_lens(valid_lens).to(device)
+        batch, num_queries, num_keys = shape[0], shape[-2], shape[-1]
         check_valid_lens(valid_lens, batch, num_queries, num_keys)
         keep = padding_mask(valid_lens, num_keys)  # (B, 1 or Q, K)
-        keep = keep.view(batch, *([1] * (scores.dim() - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
+        keep = keep.view(batch, *([1] * (len(shape) - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
     if mask is not None:
-        check_mask(mask, scores.shape)
-        mask = mask.to(scores.device)
+        check_mask(mask, shape)
+        mask = mask.to(device)
         keep = mask if keep is None else keep & mask
     return keep
+
+
+def _softmax_over_keys(scores: torch.Tensor, keep: torch.Tensor | None, inplace: bool = False) -> torch.Tensor:
+    """Softmax over the last axis where ``keep`` is True; rows with no visible key become zeros.
+
+    ``inplace`` lets the masking overwrite ``scores`` (for a scores tensor nobody else holds):
+    one pass less over the largest tensor of attention.
+    """
+    if keep is None:
+        return F.softmax(scores, dim=-1)
+    # The most negative finite number, not -inf: exp(min - max) underflows to 0
+    # for masked keys, while a row that is *all* masked stays finite (uniform)
+    # instead of turning into 0/0 = NaN. Those rows are zeroed just below.
+    fill = scores.masked_fill_ if inplace else scores.masked_fill
+    weights = F.softmax(fill(~keep, torch.finfo(scores.dtype).min), dim=-1)
+    has_key = keep.any(dim=-1, keepdim=True)  # (..., Q or 1, 1), small
+    if not bool(has_key.all()):
+        weights = weights.masked_fill(~has_key, 0.0)
+    return weights
 
 
 def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor:
@@ -61,17 +80,7 @@ def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Te
         raise TypeError(f"scores must be a floating tensor, got {getattr(scores, 'dtype', type(scores))}")
     if scores.dim() < 2:
         raise ValueError(f"scores must have shape (..., Q, K), got {tuple(scores.shape)}")
-    keep = _keep_mask(scores, valid_lens, mask)
-    if keep is None:
-        return F.softmax(scores, dim=-1)
-    # The most negative finite number, not -inf: exp(min - max) underflows to 0
-    # for masked keys, while a row that is *all* masked stays finite (uniform)
-    # instead of turning into 0/0 = NaN. Those rows are zeroed just below.
-    weights = F.softmax(scores.masked_fill(~keep, torch.finfo(scores.dtype).min), dim=-1)
-    has_key = keep.any(dim=-1, keepdim=True)  # (..., Q or 1, 1), small
-    if not bool(has_key.all()):
-        weights = weights.masked_fill(~has_key, 0.0)
-    return weights
+    return _softmax_over_keys(scores, _keep_mask(scores.shape, scores.device, valid_lens, mask))
 
 
 def _check_qkv(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -123,15 +132,12 @@ def scaled_dot_product_attention(
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
     # Check the masks against the (B, [H,] Q, K) scores before computing them.
-    score_shape = (*queries.shape[:-1], keys.shape[-2])
-    if valid_lens is not None:
-        check_valid_lens(as_valid_lens(valid_lens), score_shape[0], score_shape[-2], score_shape[-1])
-    if mask is not None:
-        check_mask(mask, score_shape)
+    keep = _keep_mask((*queries.shape[:-1], keys.shape[-2]), queries.device, valid_lens, mask)
     d = queries.shape[-1]
     # Scale the (B, Q, d) queries rather than the (B, Q, K) scores: same result, fewer multiplications.
     scores = (queries * (1.0 / math.sqrt(d))) @ keys.transpose(-2, -1)  # (B, [H,] Q, K)
-    weights = masked_softmax(scores, valid_lens, mask)  # (B, [H,] Q, K)
+    # The scores are ours alone, so masking may overwrite them in place instead of copying them.
+    weights = _softmax_over_keys(scores, keep, inplace=True)  # (B, [H,] Q, K)
     dropped = F.dropout(weights, dropout_p) if training and dropout_p > 0 else weights
     return dropped @ values, weights  # (B, [H,] Q, v), (B, [H,] Q, K)
 
