@@ -38,12 +38,39 @@ def passed(name: str, cases: int) -> None:
     print(f"✓ {name}: passed on {cases} case{'s' if cases != 1 else ''}")
 
 
-def call(fn, *args, case: str, **kwargs):
-    """Call the learner's code; turn NotImplementedError into a friendly failure."""
+# Crashes whose message alone would puzzle a learner, and what they usually mean.
+KNOWN_CRASHES = [
+    (
+        ("view size is not compatible",),
+        ".view() failed on a permuted or transposed (non-contiguous) tensor: use .reshape() to merge axes "
+        "(or call .contiguous() before .view())",
+    ),
+    (
+        ("must match the size of tensor", "expanded size", "does not broadcast"),
+        "a tensor does not broadcast: broadcasting lines up the *last* axes, so a (B, K) padding mask meets "
+        "the (Q, K) axes of the scores; give it its missing axes, e.g. keep[:, None, None, :] for (B, H, Q, K)",
+    ),
+]
+
+
+def call(fn, *args, case: str, hint: str = "", **kwargs):
+    """Call the learner's code on one case and turn every way it can go wrong into a plain message.
+
+    A stub of the student edition (NotImplementedError) becomes ``NotAttempted``; a ``CheckFailed``
+    raised inside passes through; any other crash becomes ``CheckFailed`` naming the case, the
+    exception, what it usually means when we know, and ``hint``.
+    """
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
         raise NotAttempted(str(e) or case) from None
+    except (CheckFailed, NotAttempted):
+        raise
+    except Exception as e:  # noqa: BLE001 -- any crash of the learner's code is reported, with its case
+        meaning = next((m for needles, m in KNOWN_CRASHES if any(n in str(e) for n in needles)), "")
+        raise CheckFailed(
+            f"{case}: your function raised {type(e).__name__}: {e}" + (f" -- {meaning}" if meaning else "") + hint
+        ) from None
 
 
 def expect_tensor(actual, case: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import transpose_qkv
-from ._common import CheckFailed, NotAttempted, call, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, expect_shape, expect_tensor, passed
 
 __all__ = ["check_transpose_qkv", "check_transpose_output", "check_expand_valid_lens"]
 
@@ -39,21 +39,6 @@ def _first_match(actual: torch.Tensor, candidates) -> str | None:
     return None
 
 
-def _run(fn, *args, case: str):
-    """Call the learner's function; a crash becomes a failure that names the case (and explains `view`)."""
-    try:
-        return call(fn, *args, case=case)
-    except (CheckFailed, NotAttempted):
-        raise
-    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported with its case
-        if isinstance(e, RuntimeError) and "view size is not compatible" in str(e):
-            raise CheckFailed(
-                f"{case}: .view() failed on a permuted (non-contiguous) tensor; use .reshape() "
-                f"(or .contiguous().view()) for the step that merges axes after the permute"
-            ) from None
-        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {e}") from None
-
-
 def _as_cpu(actual, case: str) -> torch.Tensor:
     return expect_tensor(actual, case).detach().cpu()
 
@@ -63,7 +48,7 @@ def check_transpose_qkv(fn) -> None:
     for batch, steps, heads, size in _CASES:
         X = _labelled(batch, steps, heads, size)
         case = f"X of shape {tuple(X.shape)}, num_heads={heads}"
-        actual = _as_cpu(_run(fn, X.clone(), heads, case=case), case)
+        actual = _as_cpu(call(fn, X.clone(), heads, case=case), case)
         if tuple(actual.shape) == (batch, heads, steps, size):
             raise CheckFailed(
                 f"{case}: got the 4-D layout (B, H, T, d) = {tuple(actual.shape)}; fold the batch and head "
@@ -112,7 +97,7 @@ def check_transpose_output(fn) -> None:
         X = _labelled(batch, steps, heads, size)
         folded = transpose_qkv(X, heads)  # (B*H, T, d), rows batch-major
         case = f"input of shape {tuple(folded.shape)}, num_heads={heads}"
-        actual = _as_cpu(_run(fn, folded.clone(), heads, case=case), case)
+        actual = _as_cpu(call(fn, folded.clone(), heads, case=case), case)
         expect_shape(actual, (batch, steps, heads * size), case)
         if torch.equal(actual, X):
             continue
@@ -161,7 +146,7 @@ def check_expand_valid_lens(fn) -> None:
     for lens, heads in _LENS_CASES:
         valid_lens = torch.tensor(lens)
         case = f"valid_lens={lens}, num_heads={heads}"
-        actual = _as_cpu(_run(fn, valid_lens.clone(), heads, case=case), case)
+        actual = _as_cpu(call(fn, valid_lens.clone(), heads, case=case), case)
         if actual.is_floating_point() or actual.dtype == torch.bool:
             raise CheckFailed(f"{case}: got dtype {actual.dtype}; lengths are counts, keep an integer dtype")
         expected = torch.repeat_interleave(valid_lens, heads, dim=0)

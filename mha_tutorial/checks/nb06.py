@@ -17,19 +17,9 @@ import torch
 from ..attention import masked_softmax
 from ..masks import causal_mask, padding_mask
 from ..viz import layer_masks, normalized_entropy
-from ._common import CheckFailed, NotAttempted, call, expect_tensor, passed
+from ._common import CheckFailed, call, expect_tensor, passed
 
 __all__ = ["check_normalized_entropy", "check_previous_token_score", "check_induction_score"]
-
-
-def _run(fn, *args, case: str):
-    """Call the learner's function; a crash becomes a failure that names the case."""
-    try:
-        return call(fn, *args, case=case)
-    except (CheckFailed, NotAttempted):
-        raise
-    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported with its case
-        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {e}") from None
 
 
 def _per_head(actual, H: int, B: int, Q: int, case: str) -> torch.Tensor:
@@ -224,7 +214,7 @@ def check_normalized_entropy(fn) -> None:
     cases.append((weights["dec.0.cross"], cross, "the trained dates model's cross-attention, 100 eval examples"))
     for w, keep, case in cases:
         B, H, Q, _ = w.shape
-        actual = _per_head(_run(fn, w.clone(), keep.clone(), case=case), H, B, Q, case)
+        actual = _per_head(call(fn, w.clone(), keep.clone(), case=case), H, B, Q, case)
         if torch.isnan(actual).any():  # the cases come in order: padding (zeros) before causal (single keys)
             cause = (
                 "0/0 on a row with a single visible key (its entropy is 0 and so is log 1): leave such rows out"
@@ -348,7 +338,7 @@ def check_previous_token_score(fn) -> None:
     found = []
     for w, lens, case, *layer in cases:
         B, H, T, _ = w.shape
-        actual = _per_head(_run(fn, w.clone(), lens.clone(), case=case), H, B, T, case)
+        actual = _per_head(call(fn, w.clone(), lens.clone(), case=case), H, B, T, case)
         expected = _previous_reference(w, lens)
         compute = lambda **flags: _previous_variant(w, lens, **flags)  # noqa: B023 - used inside this iteration
         _diagnose(actual, expected, compute, _PREVIOUS_OPTIONS, case, "previous-token score")
@@ -476,7 +466,7 @@ def check_induction_score(fn) -> None:
     found = []
     for w, run_lengths, case, *layer in cases:
         B, H, T, _ = w.shape
-        actual = _per_head(_run(fn, w.clone(), run_lengths.clone(), case=case), H, B, T, case)
+        actual = _per_head(call(fn, w.clone(), run_lengths.clone(), case=case), H, B, T, case)
         expected = _induction_reference(w, run_lengths)
         compute = lambda **flags: _induction_variant(w, run_lengths, **flags)  # noqa: B023 - used inside this iteration
         _diagnose(actual, expected, compute, _INDUCTION_OPTIONS, case, "induction score")

@@ -19,7 +19,7 @@ import torch
 
 from ..attention import masked_softmax, scaled_dot_product_attention
 from ..masks import padding_mask
-from ._common import CheckFailed, NotAttempted, call, expect_close, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, passed
 
 __all__ = ["check_fixed_attention"]
 
@@ -50,31 +50,6 @@ def reference_attention(queries, keys, values, valid_lens, num_heads):
     q, k, v = (_split(x, num_heads) for x in (queries, keys, values))  # (B, H, T, d)
     output, weights = scaled_dot_product_attention(q, k, v, valid_lens)  # (B, H, Q, d), (B, H, Q, K)
     return output.transpose(1, 2).flatten(2), weights  # (B, Q, H*d), (B, H, Q, K)
-
-
-def _run(fn, *args, case: str):
-    try:
-        return call(fn, *args, case=case)
-    except (CheckFailed, NotAttempted):
-        raise
-    except Exception as e:  # noqa: BLE001 - any crash of the learner's code is reported, named where we can
-        message = str(e)
-        if isinstance(e, RuntimeError) and "view size is not compatible" in message:
-            raise CheckFailed(
-                f"{case}: .view() failed on a transposed (non-contiguous) tensor (section 1). Merge the heads "
-                "back with .reshape(...) or .flatten(2), or call .contiguous() before .view()"
-            ) from None
-        broadcast_failed = isinstance(e, RuntimeError) and (
-            "must match the size of tensor" in message or "expanded size" in message
-        )
-        if broadcast_failed or (isinstance(e, ValueError) and "does not broadcast" in message):
-            raise CheckFailed(
-                f"{case}: a tensor does not broadcast ({message}). If it is the padding mask: broadcasting lines "
-                "up the *last* axes, so a (B, K) mask meets the (Q, K) axes of the (B, H, Q, K) scores and a "
-                "(B, 1, K) mask meets (H, Q, K) (section 3). Give it all the axes, keep[:, None, None, :] of shape "
-                "(B, 1, 1, K), or use mha_tutorial.masked_softmax(scores, valid_lens)"
-            ) from None
-        raise CheckFailed(f"{case}: your function raised {type(e).__name__}: {message}") from None
 
 
 def _known_mistakes(q, k, valid_lens, shape):
@@ -200,7 +175,7 @@ def check_fixed_attention(fixed_attention) -> None:
             f"fixed_attention(queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, valid_lens={lens}, "
             f"num_heads={heads})"
         )
-        result = _run(
+        result = call(
             fixed_attention, queries.clone(), keys.clone(), values.clone(), valid_lens.clone(), heads, case=case
         )
         if not isinstance(result, tuple) or len(result) != 2:
