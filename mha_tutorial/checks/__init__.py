@@ -10,11 +10,11 @@ One module per notebook: ``checks.nb01`` for notebook 01, and so on; every
 check is re-exported here.
 """
 
-from . import nb01, nb02, nb03, nb04, nb05, nb08
+from . import nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08
 from ._common import CheckFailed, NotAttempted, friendly
 
 __all__ = ["CheckFailed", "NotAttempted"]
-for _module in (nb01, nb02, nb03, nb04, nb05, nb08):
+for _module in (nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08):
     for _name in _module.__all__:
         globals()[_name] = friendly(getattr(_module, _name))
         __all__.append(_name)
