@@ -280,7 +280,8 @@ def load_pretrained(name: str, path=None, device=None) -> TinyTransformer:
             f"{path} was made with a different configuration ({'; '.join(diffs)}); "
             f"retrain it with: {train_command(name)}"
         )
-    model = build_model(ModelConfig.from_dict(saved))
+    with torch.random.fork_rng(devices=[]):  # initial weights are overwritten: leave the caller's random stream alone
+        model = build_model(ModelConfig.from_dict(saved))
     try:
         model.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as e:

@@ -169,3 +169,11 @@ def test_cli_rejects_an_unknown_task(tmp_path):
         timeout=120,
     )
     assert result.returncode != 0 and "unknown task 'sorting'" in result.stderr
+
+
+def test_load_pretrained_leaves_the_callers_random_stream_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    load_pretrained("reversal", device="cpu")
+    assert torch.equal(torch.rand(3), expected)
