@@ -107,36 +107,6 @@ def out_not_implemented(X, num_heads):
     raise NotImplementedError("write me")
 
 
-def test_not_attempted_is_reported_not_raised(capsys):
-    """A stub that still raises NotImplementedError (the student edition) gets a friendly line, not a failure."""
-    check_transpose_output(out_not_implemented)
-    check_mha_forward(lambda *a, **kw: out_not_implemented(None, None))
-    check_num_params(lambda *a, **kw: out_not_implemented(None, None))
-    out = capsys.readouterr().out
-    assert "check_transpose_output: not attempted yet (write me)" in out
-    assert "check_mha_forward: not attempted yet" in out and "check_num_params: not attempted yet" in out
-
-
-@pytest.mark.parametrize(
-    "check",
-    [
-        check_transpose_qkv,
-        check_transpose_output,
-        check_expand_valid_lens,
-        check_mha_forward,
-        check_num_params,
-        check_head_off,
-    ],
-)
-def test_a_crash_names_the_case(check):
-    def crash(*args, **kwargs):
-        raise IndexError("boom")
-
-    with pytest.raises(CheckFailed) as info:
-        check(crash)
-    assert "your function raised IndexError: boom" in str(info.value)
-
-
 def test_transpose_output_accepts_right_answers(capsys):
     check_transpose_output(out_right)
     check_transpose_output(transpose_output)

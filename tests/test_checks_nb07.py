@@ -306,19 +306,3 @@ def test_params_after_pruning_names_mistakes(wrong, words):
 
 
 # ---------------------------------------------------------------- all three
-
-
-@pytest.mark.parametrize("check", [check_head_importance, check_pruning_order, check_params_after_pruning])
-def test_not_attempted_is_reported_not_raised(check, capsys):
-    check(not_implemented)
-    assert f"{check.__name__}: not attempted yet (write me)" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("check", [check_head_importance, check_pruning_order, check_params_after_pruning])
-def test_a_crash_names_the_case(check):
-    def crash(*args, **kwargs):
-        raise IndexError("boom")
-
-    with pytest.raises(CheckFailed) as info:
-        check(crash)
-    assert "your function raised IndexError: boom" in str(info.value)

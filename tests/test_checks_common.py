@@ -1,0 +1,50 @@
+"""What every exercise check does, tested once over all of them (mha_tutorial.checks.__all__).
+
+The checks of each notebook have their own tests for the mistakes they recognise; here: a stub
+of the student edition is reported as "not attempted yet" (not raised), a crash of the learner's
+code becomes a CheckFailed naming the case, and crashes we can explain are explained."""
+
+import pytest
+
+from mha_tutorial import checks
+from mha_tutorial.checks._common import call
+
+CHECKS = [getattr(checks, name) for name in checks.__all__ if name.startswith("check_")]
+
+
+def test_every_exercise_has_a_check():
+    assert len(CHECKS) >= 22
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_a_stub_is_reported_not_raised(check, capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError("write me")
+
+    assert check(stub) is None
+    assert f"{check.__name__}: not attempted yet (write me)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_a_crash_names_the_case(check):
+    def crash(*args, **kwargs):
+        raise IndexError("boom")
+
+    with pytest.raises(checks.CheckFailed, match="your function raised IndexError: boom"):
+        check(crash)
+
+
+def test_known_crashes_are_explained():
+    import torch
+
+    def view_after_permute(x):
+        return x.permute(1, 0).view(-1)
+
+    with pytest.raises(checks.CheckFailed, match=r"use \.reshape\(\)"):
+        call(view_after_permute, torch.zeros(2, 3), case="a (2, 3) input")
+
+    def bad_broadcast(x):
+        return x + torch.zeros(4)
+
+    with pytest.raises(checks.CheckFailed, match="broadcasting lines up the \\*last\\* axes"):
+        call(bad_broadcast, torch.zeros(2, 3), case="a (2, 3) input")
