@@ -103,10 +103,6 @@ def out_interleaved(X, num_heads):
     return X.reshape(BH // num_heads, num_heads, T, d).permute(0, 2, 3, 1).reshape(BH // num_heads, T, num_heads * d)
 
 
-def out_not_implemented(X, num_heads):
-    raise NotImplementedError("write me")
-
-
 def test_transpose_output_accepts_right_answers(capsys):
     check_transpose_output(out_right)
     check_transpose_output(transpose_output)

@@ -338,7 +338,3 @@ def test_greedy_decode_names_mistakes(wrong, words):
 
 
 # ---------------------------------------------------------------- all three
-
-
-def not_implemented(*args, **kwargs):
-    raise NotImplementedError("write me")

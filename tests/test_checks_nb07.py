@@ -93,10 +93,6 @@ def importance_edits_model(model, task_name, examples, layer):
     return importance_right(model, task_name, examples, layer)
 
 
-def not_implemented(*args, **kwargs):
-    raise NotImplementedError("write me")
-
-
 def test_head_importance_accepts_right_answers(capsys):
     check_head_importance(importance_right)
     check_head_importance(importance_via_package)
