@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
-NBVAL  := --nbval --nbval-current-env --sanitize-with notebooks/nbval_sanitize.cfg
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
 .PHONY: install lab run student test lint unit nbval outputs clean
 
