@@ -50,20 +50,23 @@ h3 { margin-top: 2rem; } .sig { font-weight: 600; }
 """
 
 
-def title_and_summary(nb) -> tuple[str, str]:
-    """The first '# ' heading of the notebook and the first sentence after it."""
+def readme_summaries() -> dict[str, str]:
+    """The one-line summary of each notebook from the README's series table (the one place it is written)."""
+    readme = ROOT / "README.md"
+    if not readme.exists():
+        return {}
+    row = re.compile(r"^\|\s*\d+\s*\|\s*\[[^]]*\]\(notebooks/([^)]+)\)\s*\|\s*(.+?)\s*\|\s*$", re.M)
+    return dict(row.findall(readme.read_text()))
+
+
+def title_of(nb) -> str:
+    """The notebook's first '# ' heading."""
     for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        lines = cell.source.splitlines()
-        heading = next((ln for ln in lines if ln.startswith("# ")), None)
-        if heading is None:
-            continue
-        rest = " ".join(ln.strip() for ln in lines[lines.index(heading) + 1 :] if ln.strip() and not ln.startswith("#"))
-        text = re.sub(r"[*_`]", "", rest)
-        sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
-        return heading[2:].strip(), sentence
-    return "(untitled)", ""
+        if cell.cell_type == "markdown":
+            heading = next((ln for ln in cell.source.splitlines() if ln.startswith("# ")), None)
+            if heading is not None:
+                return heading[2:].strip()
+    return "(untitled)"
 
 
 def run_seconds(nb) -> float | None:
@@ -153,10 +156,15 @@ def api_page(site: Path) -> None:
     (site / "api.html").write_text("\n".join(parts))
 
 
+def _inline_code(markdown: str) -> str:
+    """Escape a line of README markdown for HTML, keeping its `code` spans."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(markdown))
+
+
 def index_page(site: Path, entries: list[dict]) -> None:
     rows = "\n".join(
         f"<tr><td>{i + 1:02d}</td><td><a href='{e['href']}'>{html.escape(e['title'])}</a></td>"
-        f"<td>{html.escape(e['summary'])}</td><td>{e['time']}</td></tr>"
+        f"<td>{_inline_code(e['summary'])}</td><td>{e['time']}</td></tr>"
         for i, e in enumerate(entries)
     )
     (site / "index.html").write_text(
@@ -174,6 +182,7 @@ def build(notebooks: list[Path], site: Path, run: bool) -> list[dict]:
     import nbformat
 
     site.mkdir(parents=True, exist_ok=True)
+    summaries = readme_summaries()
     entries = []
     for path in notebooks:
         if run:
@@ -182,7 +191,7 @@ def build(notebooks: list[Path], site: Path, run: bool) -> list[dict]:
         else:
             nb = nbformat.read(path, as_version=4)
             seconds = run_seconds(nb)
-        title, summary = title_and_summary(nb)
+        title, summary = title_of(nb), summaries.get(path.name, "")
         href = path.with_suffix(".html").name
         render_notebook(nb, site / href)
         entries.append(

@@ -105,6 +105,8 @@ def test_index_lists_every_notebook_in_order(site, browser):
     assert links == expected
     cells = [td.text for td in browser.find_elements("css selector", "tbody td:nth-child(4)")]
     assert all(c.endswith(" s") for c in cells), cells  # every notebook has a time to run
+    summaries = [td.text for td in browser.find_elements("css selector", "tbody td:nth-child(3)")]
+    assert all(len(text) > 20 for text in summaries), summaries  # and its one-line summary from the README
 
 
 def test_api_page_documents_the_package(site, browser):
