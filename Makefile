@@ -20,8 +20,9 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 ## Work through the series in JupyterLab.
+# (Jupyter refuses to run as root unless told to; containers and some lab images run as root.)
 lab: install
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## Execute every notebook headless (on the GPU when there is one) and render the site build/site/index.html.
 run: install
