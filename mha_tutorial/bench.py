@@ -326,21 +326,26 @@ def write_csv(rows: list[Row], path: Path) -> None:
 def plot(rows: list[Row], path: Path | None = None):
     """Time and peak memory against sequence length, log-log, one line per implementation."""
     import matplotlib
+    import matplotlib.ticker
 
     if path is not None:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r.status == "ok"]
-    passes = sorted({r.pass_ for r in ok}, reverse=True)
+    passes = [p for p in ("forward", "forward+backward") if any(r.pass_ == p for r in ok)]
+    # Peak memory from forward+backward when measured: on the CPU a forward-only figure misses the
+    # buffers inside fused kernels, while backward keeps what it needs in tensors that are counted.
+    memory_pass = passes[-1]
     dtypes = sorted({r.dtype for r in ok})
+    seqs = sorted({r.seq for r in ok})
     fig, axes = plt.subplots(
         len(dtypes), len(passes) + 1, figsize=(5 * (len(passes) + 1), 4 * len(dtypes)), squeeze=False
     )
     for i, dtype in enumerate(dtypes):
         for j, p in enumerate([*passes, "memory"]):
             ax = axes[i, j]
-            source = [r for r in ok if r.dtype == dtype and r.pass_ == (passes[-1] if p == "memory" else p)]
+            source = [r for r in ok if r.dtype == dtype and r.pass_ == (memory_pass if p == "memory" else p)]
             for impl in dict.fromkeys(r.impl for r in source):
                 pts = sorted((r.seq, r.peak_mib if p == "memory" else r.median_ms) for r in source if r.impl == impl)
                 ax.plot(*zip(*pts, strict=True), marker="o", label=impl)
@@ -349,8 +354,10 @@ def plot(rows: list[Row], path: Path | None = None):
                 yscale="log",
                 xlabel="sequence length T",
                 ylabel="peak memory (MiB)" if p == "memory" else "median time (ms)",
-                title=f"{'peak memory, ' + passes[-1] if p == 'memory' else p} ({dtype})",
+                title=f"{'peak memory, ' + memory_pass if p == 'memory' else p} ({dtype})",
             )
+            ax.set_xticks(seqs, [str(t) for t in seqs])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.grid(True, which="both", alpha=0.3)
     axes[0, -1].legend(fontsize=8)
     fig.tight_layout()
@@ -358,6 +365,13 @@ def plot(rows: list[Row], path: Path | None = None):
         fig.savefig(path, dpi=110)
         plt.close(fig)
     return fig
+
+
+def read_csv(path: Path) -> list[Row]:
+    """Rows written by ``write_csv``, e.g. to redraw a plot without rerunning the benchmark."""
+    types = {name: type(value) for name, value in asdict(Row("", "", "", "", 0, 0, 0, 0, 0)).items()}
+    with open(path, newline="") as f:
+        return [Row(**{k: types[k](v) for k, v in row.items()}) for row in csv.DictReader(f)]
 
 
 def main(argv=None) -> int:

@@ -88,3 +88,11 @@ def test_ratios_pair_ours_with_pytorchs():
         ("fused", "nn.MHA", 1.0),
         ("readable", "nn.MHA (weights)", 1.5),
     ]
+
+
+def test_csv_round_trip(tmp_path):
+    rows = [bench.Row("fused", "forward", "float32", "cpu", 2, 8, 128, 768, 12, 1.5, 0.1, 30.0)]
+    rows.append(bench.Row("fused", "forward", "float32", "cpu", 2, 8, 4096, 768, 12, status="skipped: needs ~31 GiB"))
+    bench.write_csv(rows, tmp_path / "b.csv")
+    back = bench.read_csv(tmp_path / "b.csv")
+    assert back[0] == rows[0] and back[1].status == rows[1].status and back[1].seq == 4096
