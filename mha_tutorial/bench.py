@@ -22,6 +22,7 @@ Results go to the terminal, and as Markdown, CSV and a log-log PNG to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -41,9 +43,16 @@ from .masks import causal_mask
 from .mha import MultiHeadAttention
 from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
 
-# The two pairs the targets compare: (ours, PyTorch's equivalent).
-PAIRS = {"readable": "nn.MHA (weights)", "fused": "nn.MHA"}
+# The pairs the targets compare: (ours, PyTorch's equivalent on the same weights and mask).
+PAIRS = (
+    ("readable", "nn.MHA (weights)"),  # both materialise the (B, H, T, T) weights
+    ("fused", "nn.MHA"),  # both hand a bool mask to a fused kernel
+    ("fused (is_causal)", "SDPA (is_causal)"),  # both let PyTorch pick flash attention (no mask tensor)
+)
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16}
+# How far implementations may disagree: TF32 matmuls keep 10 mantissa bits (a relative error near
+# 5e-4 per product), bfloat16 keeps 7.
+ATOL = {"float32": 1e-4, "tf32": 5e-3, "bfloat16": 5e-2}
 
 
 @dataclass
@@ -81,16 +90,23 @@ def implementations(num_hiddens: int, num_heads: int, device, dtype, compile_: b
         torch_mha.out_proj.weight.copy_(readable.W_o.weight)
         torch_mha.out_proj.bias.copy_(readable.W_o.bias)
 
-    def bare_sdpa(x, keep):  # PyTorch's kernel (flash attention where it can) around the same projections
+    # On a GPU in 16-bit floats, insist on the flash kernel for the reference (an error if it cannot run);
+    # elsewhere (CPU, float32) PyTorch picks its best available kernel.
+    flash = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    kernel = (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)) if flash else contextlib.nullcontext
+
+    def bare_sdpa(x, keep):  # PyTorch's kernel around the same projections
         H, d = num_heads, num_hiddens // num_heads
         q, k, v = (W(x).unflatten(-1, (H, d)).transpose(1, 2) for W in (readable.W_q, readable.W_k, readable.W_v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, d)
+        with kernel():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, d)
         return readable.W_o(out.transpose(1, 2).flatten(2))
 
     impls = {
         "head loop": lambda x, keep: loop(x, x, x, mask=keep),
         "readable": lambda x, keep: readable(x, x, x, mask=keep),
         "fused": lambda x, keep: readable(x, x, x, mask=keep, need_weights=False),
+        "fused (is_causal)": lambda x, keep: readable(x, x, x, need_weights=False, is_causal=True),
         "einsum": lambda x, keep: einsum(x, x, x, mask=keep),
         "seq-first": lambda x, keep: seq_first(*(x.transpose(0, 1),) * 3, mask=keep[:, :, None]).transpose(0, 1),
         "nn.MHA (weights)": lambda x, keep: torch_mha(
@@ -198,12 +214,14 @@ def run_benchmark(
     compile_: bool = False,
     memory_budget: float | None = None,
     log=print,
+    on_row=None,
 ) -> list[Row]:
     """Time every implementation for each dtype, pass and sequence length; return the rows.
 
     On the CPU a size whose estimated peak exceeds ``memory_budget`` bytes (default: half of
     the machine's RAM) is skipped and reported; on a GPU an out-of-memory error ends the
-    sweep for that implementation, also reported.
+    sweep for that implementation, also reported. ``on_row(row)`` is called as each row is
+    finished, so a long sweep that is cut short still leaves what it measured.
     """
     log = log or (lambda *_: None)
     device = torch.device(device) if device is not None else get_device()
@@ -211,6 +229,12 @@ def run_benchmark(
     if memory_budget is None:
         memory_budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     rows: list[Row] = []
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
     for dtype_name in dtypes:
         if dtype_name == "tf32" and device.type != "cuda":
             log("tf32 is a GPU setting: skipped on the CPU")
@@ -235,7 +259,7 @@ def run_benchmark(
                 )
                 for name in impls:
                     for p in passes:
-                        rows.append(
+                        add(
                             Row(
                                 name,
                                 p,
@@ -251,7 +275,7 @@ def run_benchmark(
                         )
                 break
             try:
-                diffs = check_agreement(impls, x, keep, atol=1e-4 if dtype == torch.float32 else 5e-2)
+                diffs = check_agreement(impls, x, keep, atol=ATOL[dtype_name])
             except torch.OutOfMemoryError:
                 log(f"T={seq}: out of memory while checking agreement; stopping the sweep here")
                 torch.cuda.empty_cache()
@@ -274,7 +298,7 @@ def run_benchmark(
                             torch.cuda.empty_cache()
                             row.status = stopped[(name, p)] = f"out of memory at T={seq}"
                             log(f"{name} ({p}): out of memory at T={seq}; larger T skipped")
-                    rows.append(row)
+                    add(row)
                     log(format_row(row))
     return rows
 
@@ -293,16 +317,38 @@ def ratios(rows: list[Row]) -> list[tuple]:
     index = {(r.dtype, r.pass_, r.seq, r.impl): r for r in rows if r.status == "ok"}
     out = []
     for (dtype, p, seq, impl), r in index.items():
-        theirs = index.get((dtype, p, seq, PAIRS.get(impl)))
-        if theirs is not None:
-            out.append((dtype, p, seq, impl, theirs.impl, r.median_ms / theirs.median_ms))
+        for ours, theirs_name in PAIRS:
+            theirs = index.get((dtype, p, seq, theirs_name))
+            if impl == ours and theirs is not None:
+                out.append((dtype, p, seq, impl, theirs.impl, r.median_ms / theirs.median_ms))
     return out
 
 
+def flops(row: Row) -> float:
+    """Useful floating-point operations of one call of causal self-attention with its four projections.
+
+    Projections: 4 matmuls of (B*T, D) by (D, D) = 8*B*T*D^2. Attention: Q K^T and weights @ V, each
+    2*B*H*T^2*d, halved because a causal mask makes half of the (T, T) products unnecessary.
+    Backward counts twice the forward (the usual convention: two matmuls per forward matmul).
+    """
+    B, T, D = row.batch, row.seq, row.hiddens
+    forward = 8 * B * T * D**2 + 0.5 * 4 * B * T**2 * D
+    return forward * (3 if row.pass_ == "forward+backward" else 1)
+
+
+def tflops(row: Row) -> float:
+    """Achieved TFLOP/s, counting only the useful operations of ``flops``."""
+    return flops(row) / (row.median_ms * 1e-3) / 1e12 if row.status == "ok" else math.nan
+
+
 def to_markdown(rows: list[Row]) -> str:
-    head = "| pass | dtype | T | implementation | median ms | IQR ms | peak MiB | status |\n|---|---|---|---|---|---|---|---|\n"
+    head = (
+        "| pass | dtype | T | implementation | median ms | IQR ms | TFLOP/s | peak MiB | status |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
     lines = [
-        f"| {r.pass_} | {r.dtype} | {r.seq} | {r.impl} | {r.median_ms:.2f} | {r.iqr_ms:.2f} | {r.peak_mib:.1f} | {r.status} |"
+        f"| {r.pass_} | {r.dtype} | {r.seq} | {r.impl} | {r.median_ms:.2f} | {r.iqr_ms:.2f} | {tflops(r):.3g} "
+        f"| {r.peak_mib:.1f} | {r.status} |"
         for r in rows
     ]
     first = rows[0] if rows else None
@@ -323,8 +369,8 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer.writerows(asdict(r) for r in rows)
 
 
-def plot(rows: list[Row], path: Path | None = None):
-    """Time and peak memory against sequence length, log-log, one line per implementation."""
+def plot(rows: list[Row], path: Path | None = None, title: str | None = None):
+    """Time and peak memory against sequence length, log-log, one line per implementation (same colour in every panel)."""
     import matplotlib
     import matplotlib.ticker
 
@@ -339,6 +385,8 @@ def plot(rows: list[Row], path: Path | None = None):
     memory_pass = passes[-1]
     dtypes = sorted({r.dtype for r in ok})
     seqs = sorted({r.seq for r in ok})
+    names = list(dict.fromkeys(r.impl for r in ok))
+    colours = dict(zip(names, plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2], strict=False))
     fig, axes = plt.subplots(
         len(dtypes), len(passes) + 1, figsize=(5 * (len(passes) + 1), 4 * len(dtypes)), squeeze=False
     )
@@ -348,7 +396,8 @@ def plot(rows: list[Row], path: Path | None = None):
             source = [r for r in ok if r.dtype == dtype and r.pass_ == (memory_pass if p == "memory" else p)]
             for impl in dict.fromkeys(r.impl for r in source):
                 pts = sorted((r.seq, r.peak_mib if p == "memory" else r.median_ms) for r in source if r.impl == impl)
-                ax.plot(*zip(*pts, strict=True), marker="o", label=impl)
+                style = "--" if "compiled" in impl else "-"
+                ax.plot(*zip(*pts, strict=True), style, marker="o", color=colours[impl], label=impl)
             ax.set(
                 xscale="log",
                 yscale="log",
@@ -360,6 +409,8 @@ def plot(rows: list[Row], path: Path | None = None):
             ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.grid(True, which="both", alpha=0.3)
     axes[0, -1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)
@@ -404,7 +455,16 @@ def main(argv=None) -> int:
         seqs = args.seq or [64, 128, 256]
         batch, hiddens, heads, min_run_time = 2, 128, 4, min(min_run_time, 0.1)
     if on_gpu:
-        print(f"device: {torch.cuda.get_device_name(device)}")
+        print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = open(args.out / "bench.partial.csv", "w", newline="")
+    writer = csv.DictWriter(partial, fieldnames=list(asdict(Row("", "", "", "", 0, 0, 0, 0, 0))))
+    writer.writeheader()
+
+    def save(row: Row) -> None:  # as we go: a sweep stopped by a time limit keeps its rows
+        writer.writerow(asdict(row))
+        partial.flush()
+
     rows = run_benchmark(
         seqs,
         batch,
@@ -417,11 +477,19 @@ def main(argv=None) -> int:
         args.threads,
         min_run_time,
         compile_=args.compile or (on_gpu and not args.quick),
+        on_row=save,
     )
-    args.out.mkdir(parents=True, exist_ok=True)
+    partial.close()
+    (args.out / "bench.partial.csv").unlink()
     (args.out / "bench.md").write_text(to_markdown(rows))
     write_csv(rows, args.out / "bench.csv")
-    plot(rows, args.out / "bench.png")
+    where = torch.cuda.get_device_name(device) if on_gpu else f"CPU, {rows[0].threads if rows else '?'} threads"
+    plot(
+        rows,
+        args.out / "bench.png",
+        title=f"{where} (torch {torch.__version__}): causal self-attention, "
+        f"batch {batch}, {hiddens} hiddens, {heads} heads",
+    )
     print()
     print(to_markdown(rows))
     print(f"wrote {args.out / 'bench.md'}, {args.out / 'bench.csv'}, {args.out / 'bench.png'}")

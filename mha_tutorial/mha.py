@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from .attention import DotProductAttention
 from .heads import transpose_output, transpose_qkv
-from .masks import as_valid_lens, check_mask, check_valid_lens, combine_masks
+from .masks import as_valid_lens, causal_mask, check_mask, check_valid_lens, combine_masks
 
 
 class MultiHeadAttention(nn.Module):
@@ -73,8 +73,10 @@ class MultiHeadAttention(nn.Module):
         self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
         self.pruned_heads: list[int] = []
 
-    def check_inputs(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
+    def check_inputs(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, is_causal=False):
         """Raise a clear error for inputs that do not fit; return ``valid_lens`` as a tensor."""
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
         for name, x, layer in (("queries", queries, self.W_q), ("keys", keys, self.W_k), ("values", values, self.W_v)):
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
@@ -120,7 +122,9 @@ class MultiHeadAttention(nn.Module):
             return mask[0]  # (1, Q, K)
         return mask.expand(batch, self.num_heads, *mask.shape[2:]).reshape(-1, *mask.shape[2:])  # (B*H, Q, K)
 
-    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True):
+    def forward(
+        self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
+    ):
         """queries (B, Q, q_size), keys (B, K, k_size), values (B, K, v_size) -> (B, Q, num_hiddens).
 
         ``valid_lens`` (B,) or (B, Q) and ``mask`` (bool, broadcastable to (B, H, Q, K),
@@ -132,10 +136,20 @@ class MultiHeadAttention(nn.Module):
         With ``need_weights=False`` the same projections go through PyTorch's fused
         ``F.scaled_dot_product_attention`` instead, which never materialises the
         (B, H, Q, K) weights; ``.attention_weights`` is then None.
+
+        ``is_causal=True`` hides the future: it is the same as AND-ing ``causal_mask(Q, K)``
+        into ``mask``. With no other mask and Q == K the fused path hands it to PyTorch as
+        ``is_causal``, which lets the flash-attention kernel run (it takes no mask tensor).
         """
-        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask, is_causal)
         if self.num_heads == 0:  # every head pruned: the sublayer contributes only W_o's bias
             return self._no_heads(queries, keys, need_weights)
+        num_queries, num_keys = queries.shape[1], keys.shape[1]
+        if not need_weights and is_causal and valid_lens is None and mask is None and num_queries == num_keys:
+            return self._fused_forward(queries, keys, values, None, None, head_mask, is_causal=True)
+        if is_causal:
+            causal = causal_mask(num_queries, num_keys, device=queries.device)  # (Q, K)
+            mask = causal if mask is None else mask.to(queries.device) & causal
         if not need_weights:
             return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask)
         batch, H = queries.shape[0], self.num_heads
@@ -152,7 +166,7 @@ class MultiHeadAttention(nn.Module):
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
 
-    def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask):
+    def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, is_causal=False):
         """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""
         H, d = self.num_heads, self.head_size
         q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
@@ -162,7 +176,9 @@ class MultiHeadAttention(nn.Module):
         if keep is not None:
             keep = keep.to(q.device)
         dropout_p = self.attention.dropout if self.training else 0.0
-        output = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)  # (B, H, Q, d)
+        output = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
+        )  # (B, H, Q, d)
         if keep is not None:
             has_key = keep.any(dim=-1, keepdim=True)  # (B or 1, H or 1, Q or 1, 1)
             if not bool(has_key.all()):  # same rule as masked_softmax: no visible key -> zeros

@@ -532,6 +532,48 @@ def test_fused_path_validates_before_arithmetic():
         explode_projections(MultiHeadAttention(D, H).double())(x, x, x, torch.tensor([1, 4]), need_weights=False)
 
 
+@pytest.mark.parametrize("case", ["plain", "valid_lens", "per_head_mask", "everything"])
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("num_keys", [4, 6])  # Q == K (self-attention) and K > Q (a continued prefix)
+def test_is_causal_is_the_causal_mask_anded_in(case, need_weights, num_keys):
+    mha = make_mha(bias=True)
+    q, k = randn(2, 4, 12), randn(2, num_keys, 12)
+    kwargs = FUSED_CASES[case]()
+    if "mask" in kwargs:
+        kwargs["mask"] = kwargs["mask"][..., :num_keys]
+    if "valid_lens" in kwargs:
+        kwargs["valid_lens"] = kwargs["valid_lens"].clamp(max=num_keys)
+    causal = causal_mask(4, num_keys)
+    expected = mha(q, k, k, **{**kwargs, "mask": causal & kwargs.get("mask", causal)})
+    torch.testing.assert_close(mha(q, k, k, need_weights=need_weights, is_causal=True, **kwargs), expected, **TOL64)
+
+
+def test_is_causal_alone_reaches_sdpa_as_is_causal(monkeypatch):
+    # With no other mask the fused path must pass is_causal (which lets flash attention run) and no mask tensor.
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    mha, x = make_mha(), randn(2, 5, 12)
+    out = mha(x, x, x, need_weights=False, is_causal=True)
+    assert seen == [(None, True)]
+    torch.testing.assert_close(out, mha(x, x, x, mask=causal_mask(5)), **TOL64)
+    # On another device ('meta' stands in for a GPU) that path builds no mask, so nothing lands on the CPU.
+    layer = MultiHeadAttention(8, 2).to("meta")
+    y = torch.randn(2, 3, 8, device="meta")
+    assert layer(y, y, y, need_weights=False, is_causal=True).device.type == "meta"
+
+
+def test_is_causal_must_be_a_bool():
+    x = randn(B, Q, D)
+    with no_arithmetic(), pytest.raises(TypeError, match="is_causal must be True or False, got 1"):
+        explode_projections(MultiHeadAttention(D, H).double())(x, x, x, is_causal=1)
+
+
 # --------------------------------------------------------------------------- prune_heads
 
 

@@ -223,7 +223,9 @@ def test_cuda_variants_match_cpu_with_masks_made_on_the_cpu(cls):
     expected = base(q, k, k, valid_lens, mask, torch.tensor([1.0, 0.0, 0.5]))
     out = other.cuda()(q.cuda(), k.cuda(), k.cuda(), valid_lens, mask, torch.tensor([1.0, 0.0, 0.5]).cuda())
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-5)
-    seq_first = pair(SeqFirstMultiHeadAttention)[1].cuda()
+    seq_first = SeqFirstMultiHeadAttention(12, 3, bias=True).eval()
+    seq_first.load_state_dict(base.state_dict())  # the same weights as `base` (a second pair() would make new ones)
+    seq_first = seq_first.cuda()
     q_sf, k_sf = q.transpose(0, 1).cuda(), k.transpose(0, 1).cuda()  # [T, B, d]
     out = seq_first(q_sf, k_sf, k_sf, causal_mask(4, 6)[..., None])
     torch.testing.assert_close(out.cpu().transpose(0, 1), base(q, k, k, mask=causal_mask(4, 6)), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What was run on the lent GPU machine (issue 13), from the repository root. That machine has PyTorch,
+# matplotlib, seaborn and pandas but no Jupyter: the execution stack (nbclient, nbformat, ipykernel and what
+# they need, for Python 3.12) was carried as wheels in .whl/. Results go to $OUT (the device tool's folder).
+#   docs/gpu/run_on_gpu.sh notebooks   every notebook through the executor of `make run`/`make outputs`
+#   docs/gpu/run_on_gpu.sh tests       the unit tests that touch devices, the three CUDA-only ones included
+#   docs/gpu/run_on_gpu.sh bench       the full benchmark sweep (bfloat16 first: it holds the headline)
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+case "${1:-notebooks}" in
+notebooks)
+  mkdir -p /tmp/nb
+  for nb in notebooks/[0-9][0-9]_*.ipynb; do
+    python3 -m mha_tutorial.run_notebooks --out /tmp/nb "$nb" 2>&1 | tail -n 25 || true
+  done | tee "$OUT/notebooks.log"
+  tar czf "$OUT/gpu_notebooks.tgz" -C /tmp/nb .
+  ;;
+tests)
+  # 5 workers of 3 threads: with 16 workers of 16 threads each sharing the GPU, slow tests hit the timeout.
+  OMP_NUM_THREADS=3 python3 -m pytest -q -p no:cacheprovider -n 5 --timeout 200 -rfE --tb=short \
+    tests/test_variants.py tests/test_mha.py tests/test_bench.py tests/test_checks_nb05.py \
+    tests/test_checks_nb07.py tests/test_pruning.py tests/test_train.py
+  ;;
+bench)
+  # A sweep stopped by the 10-minute limit of one command still leaves bench.partial.csv.
+  python3 -m mha_tutorial.bench --dtypes bfloat16 float32 tf32 --min-run-time 0.2 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+  ;;
+esac
