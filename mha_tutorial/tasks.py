@@ -13,7 +13,7 @@
 
 Everything is generated from a seed; nothing is downloaded. An example is a
 tuple of strings -- exactly one line of the task's committed TSV files in
-``data/`` (``data/<task>_eval.tsv``, ``data/<task>_importance.tsv``). Every
+``mha_tutorial/data/`` (``<task>_eval.tsv``, ``<task>_importance.tsv``). Every
 task splits its examples by a hash of a key (the letters / the repeated run /
 the calendar day): one in ten keys is *held out*. Training draws only the other
 nine, the committed splits only held-out ones, so no evaluation example (and,
@@ -32,6 +32,7 @@ import random
 import string
 import zlib
 from dataclasses import dataclass, fields
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -41,7 +42,8 @@ from .model import ModelConfig
 
 __all__ = ["Batch", "DATE_FORMATS", "Task", "TASKS", "get_task", "load_split", "render_date"]
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+# Package data (pyproject.toml ships it in the wheel), so splits and checkpoints load from any install.
+DATA_DIR = Path(str(resources.files("mha_tutorial") / "data"))
 SPLIT_SEEDS = {"eval": 1000, "importance": 2000}  # seeds of the committed splits
 SPLIT_SIZE = 1000  # examples per committed split
 HOLDOUT_MODULUS = 10  # one key in HOLDOUT_MODULUS is held out of training
@@ -523,15 +525,15 @@ def get_task(name: str) -> Task:
 
 
 def load_split(name: str, split: str = "eval") -> list[tuple[str, ...]]:
-    """The committed examples of ``data/<name>_<split>.tsv`` (split: ``eval`` or ``importance``)."""
+    """The committed examples of ``mha_tutorial/data/<name>_<split>.tsv`` (split: ``eval`` or ``importance``)."""
     return get_task(name).load_split(split)
 
 
 def main(argv=None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="(Re)write the committed evaluation splits in data/.")
-    parser.add_argument("--write-splits", action="store_true", help="write data/<task>_<split>.tsv for every task")
+    parser = argparse.ArgumentParser(description="(Re)write the committed evaluation splits in mha_tutorial/data/.")
+    parser.add_argument("--write-splits", action="store_true", help="write mha_tutorial/data/<task>_<split>.tsv for every task")
     args = parser.parse_args(argv)
     if not args.write_splits:
         parser.error("nothing to do: pass --write-splits")

@@ -1,11 +1,11 @@
 """Train the tiny transformers of notebook 05, save and load their checkpoints.
 
-    python -m mha_tutorial.train --task reversal --out data/checkpoints/reversal.pt
+    python -m mha_tutorial.train --task reversal --out mha_tutorial/data/checkpoints/reversal.pt
 
 ``train`` is a plain seeded loop (AdamW, linear warmup then cosine decay,
 gradient clipping) on fresh batches drawn from the task's generator; it
-evaluates on the committed split ``data/<task>_eval.tsv``. ``load_pretrained``
-reads the committed checkpoints in ``data/checkpoints/`` with
+evaluates on the committed split ``mha_tutorial/data/<task>_eval.tsv``. ``load_pretrained``
+reads the committed checkpoints in ``mha_tutorial/data/checkpoints/`` with
 ``torch.load(..., weights_only=True)``: a checkpoint holds only tensors, dicts,
 lists, strings and numbers.
 """
@@ -208,7 +208,7 @@ def train(
 
 
 def train_command(task_name: str) -> str:
-    return f"python -m mha_tutorial.train --task {task_name} --out data/checkpoints/{task_name}.pt"
+    return f"python -m mha_tutorial.train --task {task_name} --out mha_tutorial/data/checkpoints/{task_name}.pt"
 
 
 def save_checkpoint(path, model: TinyTransformer, task_name: str, history: dict) -> Path:
@@ -255,7 +255,7 @@ def read_checkpoint(path) -> dict:
 
 
 def load_pretrained(name: str, path=None, device=None) -> TinyTransformer:
-    """The committed model for task ``name`` from ``data/checkpoints/<name>.pt`` (in eval mode).
+    """The committed model for task ``name`` from ``mha_tutorial/data/checkpoints/<name>.pt`` (in eval mode).
 
     Raises FileNotFoundError when the file is missing (naming the command that
     creates it), ValueError when it is corrupt, was trained for another task,

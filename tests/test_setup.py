@@ -96,7 +96,7 @@ def test_python_versions_agree():
 
 
 def test_pyproject_packages_only_mha_tutorial():
-    # mha_tutorial and its own sub-packages, nothing else (not tests/, notebooks/, data/) ...
+    # mha_tutorial and its own sub-packages, nothing else (not tests/, notebooks/, tools/) ...
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert "mha_tutorial" in packages
     strays = [p for p in packages if p != "mha_tutorial" and not p.startswith("mha_tutorial.")]
