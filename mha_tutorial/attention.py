@@ -55,13 +55,15 @@ def _softmax_over_keys(scores: torch.Tensor, keep: torch.Tensor | None, inplace:
         return F.softmax(scores, dim=-1)
     # The most negative finite number, not -inf: exp(min - max) underflows to 0
     # for masked keys, while a row that is *all* masked stays finite (uniform)
-    # instead of turning into 0/0 = NaN. Those rows are zeroed just below.
+    # instead of turning into 0/0 = NaN.
     fill = scores.masked_fill_ if inplace else scores.masked_fill
     weights = F.softmax(fill(~keep, torch.finfo(scores.dtype).min), dim=-1)
-    has_key = keep.any(dim=-1, keepdim=True)  # (..., Q or 1, 1), small
-    if not bool(has_key.all()):
-        weights = weights.masked_fill(~has_key, 0.0)
-    return weights
+    # Then hidden keys get exactly 0: this zeroes the rows with no visible key, and it also covers visible
+    # scores of -inf (an additive mask applied earlier), below the fill, which would hand the hidden keys
+    # the row's weight. In place only when autograd does not need softmax's output.
+    if weights.requires_grad:
+        return weights.masked_fill(~keep, 0.0)
+    return weights.masked_fill_(~keep, 0.0)
 
 
 def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor:

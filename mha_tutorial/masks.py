@@ -111,6 +111,11 @@ def drop_to_keep(mask: torch.Tensor) -> torch.Tensor:
 def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Keep-mask -> additive float mask: 0 where True, -inf where False."""
     check_mask(mask, mask.shape)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"bool_to_additive needs a floating dtype (the mask is added to scores), got {dtype}; "
+            "a bool result would be read as a keep-mask"
+        )
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
 

@@ -31,7 +31,9 @@ class MultiHeadAttention(nn.Module):
         num_hiddens: width of the projections and of the output (H * d).
         num_heads: number of heads H; must divide ``num_hiddens``.
         dropout: dropout on the attention weights (training only).
-        bias: whether the four projections have a bias.
+        bias: whether the input projections ``W_q``, ``W_k``, ``W_v`` have a bias.
+        out_bias: whether ``W_o`` has a bias; None (the default) follows ``bias``. Some formulations
+            (and checkpoints) have a bias on ``W_o`` only: ``bias=False, out_bias=True``.
         query_size, key_size, value_size: input sizes when they differ from
             ``num_hiddens`` (cross-attention between different spaces).
     """
@@ -43,6 +45,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         *,
+        out_bias: bool | None = None,
         query_size: int | None = None,
         key_size: int | None = None,
         value_size: int | None = None,
@@ -58,6 +61,9 @@ class MultiHeadAttention(nn.Module):
                 f"num_hiddens={num_hiddens} is not divisible by num_heads={num_heads}: "
                 f"each head needs num_hiddens / num_heads features"
             )
+        for name, value in (("bias", bias), ("out_bias", out_bias)):
+            if not isinstance(value, bool) and not (name == "out_bias" and value is None):
+                raise TypeError(f"{name} must be True or False{' or None' if name == 'out_bias' else ''}, got {value!r}")
         self.num_hiddens, self.num_heads = num_hiddens, num_heads
         self.head_size = num_hiddens // num_heads
         sizes = {"query_size": query_size, "key_size": key_size, "value_size": value_size}
@@ -67,7 +73,7 @@ class MultiHeadAttention(nn.Module):
         self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
         self.W_k = nn.Linear(key_size or num_hiddens, num_hiddens, bias=bias)
         self.W_v = nn.Linear(value_size or num_hiddens, num_hiddens, bias=bias)
-        self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias if out_bias is None else out_bias)
         self.attention = DotProductAttention(dropout)
         self.attention_weights: torch.Tensor | None = None
         self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
@@ -173,8 +179,8 @@ class MultiHeadAttention(nn.Module):
         k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
         v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
         keep = combine_masks(valid_lens, mask, keys.shape[1])  # broadcasts to (B, H, Q, K), or None
-        if keep is not None:
-            keep = keep.to(q.device)
+        if keep is not None:  # a (K,) or 0-d mask gets its (Q, K) axes, which the row test below reads
+            keep = keep.to(q.device).reshape((1,) * max(0, 2 - keep.dim()) + tuple(keep.shape))
         dropout_p = self.attention.dropout if self.training else 0.0
         output = F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
@@ -247,12 +253,18 @@ def _select(layer: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
 
 
 class AddNorm(nn.Module):
-    """The post-norm transformer sublayer: LayerNorm(X + Dropout(Y))."""
+    """The post-norm transformer sublayer: LayerNorm(X + Dropout(Y)).
 
-    def __init__(self, norm_shape, dropout: float = 0.0):
+    ``eps`` is LayerNorm's guard against dividing by zero: PyTorch's default 1e-5, BERT-style
+    models 1e-12 (their weights only reproduce with theirs).
+    """
+
+    def __init__(self, norm_shape, dropout: float = 0.0, eps: float = 1e-5):
         super().__init__()
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps > 0:
+            raise ValueError(f"eps must be a positive number, got {eps!r}")
         self.dropout = nn.Dropout(dropout)
-        self.ln = nn.LayerNorm(norm_shape)
+        self.ln = nn.LayerNorm(norm_shape, eps=eps)
 
     def forward(self, X, Y):
         if X.shape != Y.shape:

@@ -391,3 +391,21 @@ def test_dot_product_attention_dropout_follows_train_and_eval():
 def test_dot_product_attention_rejects_bad_dropout(p):
     with pytest.raises(ValueError, match=rf"dropout must lie in \[0, 1\), got {p}"):
         DotProductAttention(p)
+
+
+def test_hidden_keys_get_zero_even_when_the_visible_scores_are_minus_infinity():
+    # An additive mask applied earlier leaves -inf on visible keys; valid_lens hides the others. Filling the
+    # hidden ones with the smallest finite number used to hand them all the weight ([0, 0, 0.5, 0.5]).
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        scores = torch.tensor([[[-math.inf, -math.inf, 0.5, 0.7]]], dtype=dtype)
+        weights = masked_softmax(scores, valid_lens=torch.tensor([2]))
+        assert weights.tolist() == [[[0.0, 0.0, 0.0, 0.0]]], dtype
+        partly = masked_softmax(torch.tensor([[[-math.inf, 0.3, 0.5, 0.7]]], dtype=dtype), valid_lens=torch.tensor([2]))
+        assert partly.tolist() == [[[0.0, 1.0, 0.0, 0.0]]], dtype
+
+
+def test_hidden_keys_get_zero_gradient_and_rows_stay_finite():
+    scores = torch.tensor([[[-math.inf, -math.inf, 0.5, 0.7], [0.1, 0.2, 0.3, 0.4]]], requires_grad=True)
+    weights = masked_softmax(scores, valid_lens=torch.tensor([2]))
+    (weights * torch.arange(4.0)).sum().backward()
+    assert torch.isfinite(scores.grad).all() and scores.grad[..., 2:].abs().sum() == 0

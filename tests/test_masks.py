@@ -235,3 +235,9 @@ def test_combine_masks():
     assert keep.shape == (2, 1, 3, 4)  # broadcasts to (B, H, Q, K)
     assert torch.equal(keep[:, 0], loop_keep_from_valid_lens(valid_lens, 2, 3, 4) & mask)
     assert combine_masks(torch.tensor([2, 3]), None, 4).shape == (2, 1, 1, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, "float32"])
+def test_bool_to_additive_refuses_a_non_floating_dtype(dtype):
+    with pytest.raises(TypeError, match="bool_to_additive needs a floating dtype"):
+        bool_to_additive(torch.ones(2, 3, dtype=torch.bool), dtype=dtype)

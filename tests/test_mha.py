@@ -637,3 +637,65 @@ def test_prune_heads_rejects_bad_head_numbers():
     with pytest.raises(ValueError, match=r"heads \[1\] are already pruned \(heads left: \[0, 2\]\)"):
         mha.prune_heads([1])
     assert mha.head_ids == [0, 2]  # failed calls changed nothing
+
+
+# --------------------------------------------------------------------------- weights from elsewhere
+
+
+class BiasOnOutputOnly(torch.nn.Module):
+    """An independent formulation with W_q, W_k, W_v unbiased and W_o biased, written head by head."""
+
+    def __init__(self, num_hiddens, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.W_q, self.W_k, self.W_v = (torch.nn.Linear(num_hiddens, num_hiddens, bias=False) for _ in range(3))
+        self.W_o = torch.nn.Linear(num_hiddens, num_hiddens, bias=True)
+
+    def forward(self, X):
+        d = X.shape[-1] // self.num_heads
+        heads = []
+        for h in range(self.num_heads):
+            cols = slice(h * d, (h + 1) * d)
+            q, k, v = self.W_q(X)[..., cols], self.W_k(X)[..., cols], self.W_v(X)[..., cols]  # (B, T, d)
+            heads.append(torch.softmax(q @ k.transpose(1, 2) / d**0.5, dim=-1) @ v)  # (B, T, d)
+        return self.W_o(torch.cat(heads, dim=-1))
+
+
+def test_bias_on_w_o_only_loads_strictly_and_computes_the_same():
+    torch.manual_seed(0)
+    source = BiasOnOutputOnly(12, 3).double()
+    ours = MultiHeadAttention(12, 3, bias=False, out_bias=True).double()
+    ours.load_state_dict(source.state_dict(), strict=True)
+    assert ours.W_q.bias is None and ours.W_o.bias is not None
+    x = randn(2, 5, 12)
+    torch.testing.assert_close(ours(x, x, x), source(x), **TOL64)
+    torch.testing.assert_close(ours(x, x, x, need_weights=False), source(x), **TOL64)
+    with pytest.raises(RuntimeError, match="Missing key"):  # the old all-or-nothing bias cannot hold these weights
+        MultiHeadAttention(12, 3, bias=True).double().load_state_dict(source.state_dict(), strict=True)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        MultiHeadAttention(12, 3, bias=False).double().load_state_dict(source.state_dict(), strict=True)
+
+
+def test_out_bias_follows_bias_by_default_and_is_checked():
+    assert MultiHeadAttention(8, 2, bias=True).W_o.bias is not None
+    assert MultiHeadAttention(8, 2).W_o.bias is None
+    assert MultiHeadAttention(8, 2, bias=True, out_bias=False).W_o.bias is None
+    with pytest.raises(TypeError, match="out_bias must be True or False or None, got 1"):
+        MultiHeadAttention(8, 2, out_bias=1)
+
+
+def test_addnorm_takes_bert_style_eps():
+    # Sums with a tiny spread, where eps decides the answer: BERT-style models use 1e-12, LayerNorm's default 1e-5.
+    torch.manual_seed(0)
+    X, Y = 1e-3 * torch.randn(2, 4, 16), 1e-3 * torch.randn(2, 4, 16)
+    bert = F.layer_norm(X + Y, (16,), eps=1e-12)
+    torch.testing.assert_close(AddNorm(16, eps=1e-12)(X, Y), bert, rtol=1e-5, atol=1e-5)
+    assert (AddNorm(16)(X, Y) - bert).abs().max() > 0.1  # the default eps would not reproduce it
+    with pytest.raises(ValueError, match="eps must be a positive number, got 0"):
+        AddNorm(16, eps=0)
+
+
+@pytest.mark.parametrize("mask", [torch.tensor([True, False, True, True, False, True]), torch.tensor(True)])
+def test_fused_path_takes_the_small_masks_the_step_path_takes(mask):
+    mha, q, k = make_mha(bias=True), randn(2, 4, 12), randn(2, 6, 12)
+    torch.testing.assert_close(mha(q, k, k, mask=mask, need_weights=False), mha(q, k, k, mask=mask), **TOL64)
