@@ -24,21 +24,23 @@ $(STAMP): requirements.txt pyproject.toml
 lab: install
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-## Execute every notebook headless (on the GPU when there is one) and render the site build/site/index.html.
+## Execute every notebook headless into build/notebooks/ (on the GPU when there is one), render build/site/index.html.
 run: install
-	$(PY) -m mha_tutorial.site --execute --out build/site $(NOTEBOOKS)
+	rm -rf build/notebooks && mkdir -p build/notebooks && cp $(NOTEBOOKS) build/notebooks/
+	$(VENV)/bin/jupyter execute --inplace $(addprefix build/,$(NOTEBOOKS))
+	$(PY) tools/site.py --out build/site $(addprefix build/,$(NOTEBOOKS))
 
 ## Write the student edition to build/student/: solutions replaced by stubs, checks kept.
 student: install
-	$(PY) -m mha_tutorial.student --out build/student $(NOTEBOOKS)
+	$(PY) tools/student.py --out build/student $(NOTEBOOKS)
 
 ## Lint, unit tests (student edition and site included), then strict nbval over every notebook.
 test: lint unit nbval
 
 lint: install
-	$(VENV)/bin/ruff check mha_tutorial tests notebooks
-	$(VENV)/bin/ruff format --check mha_tutorial tests notebooks
-	$(PY) -m mha_tutorial.hygiene $(NOTEBOOKS)
+	$(VENV)/bin/ruff check mha_tutorial tests notebooks tools
+	$(VENV)/bin/ruff format --check mha_tutorial tests notebooks tools
+	$(PY) tools/hygiene.py $(NOTEBOOKS)
 
 unit: install
 	$(PY) -m pytest -q tests
@@ -46,9 +48,11 @@ unit: install
 nbval: install
 	$(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
-## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does).
+## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does),
+## then drop the per-cell timestamps that would make every re-run a diff.
 outputs: install
-	CUDA_VISIBLE_DEVICES= $(PY) -m mha_tutorial.run_notebooks --inplace $(NOTEBOOKS)
+	CUDA_VISIBLE_DEVICES= $(VENV)/bin/jupyter execute --inplace $(NOTEBOOKS)
+	$(PY) tools/hygiene.py --strip $(NOTEBOOKS)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from mha_tutorial import checks
-from mha_tutorial.hygiene import problems
+from tools.hygiene import problems
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

@@ -2,7 +2,8 @@
 # What was run on the lent GPU machine (issue 13), from the repository root. That machine has PyTorch,
 # matplotlib, seaborn and pandas but no Jupyter: the execution stack (nbclient, nbformat, ipykernel and what
 # they need, for Python 3.12) was carried as wheels in .whl/. Results go to $OUT (the device tool's folder).
-#   docs/gpu/run_on_gpu.sh notebooks   every notebook through the executor of `make run`/`make outputs`
+#   docs/gpu/run_on_gpu.sh notebooks   every notebook through the executor `make run` used then (since replaced
+#                                      by `jupyter execute`; the module it called is gone)
 #   docs/gpu/run_on_gpu.sh tests       the unit tests that touch devices, the three CUDA-only ones included
 #   docs/gpu/run_on_gpu.sh bench       the full benchmark sweep (bfloat16 first: it holds the headline)
 set -u

@@ -1,10 +1,12 @@
 """Notebook hygiene: what strict nbval and readers on GitHub would trip on (pre-commit hook and a test).
 
-    python -m mha_tutorial.hygiene notebooks/*.ipynb     # prints problems, exits 1 if any
+    python tools/hygiene.py notebooks/*.ipynb           # prints problems, exits 1 if any
+    python tools/hygiene.py --strip notebooks/*.ipynb   # first drops nbclient's per-cell timing metadata
 
 Checks: every code cell executed, execution counts 1, 2, 3, ... (a clean top-to-bottom run), no
 error outputs outside cells tagged ``raises-exception``, no warnings on stderr, no absolute paths
-or memory addresses in outputs, and a file size that GitHub renders comfortably.
+or memory addresses in outputs, no per-cell timing metadata (it turns every re-run into a diff of
+timestamps), and a file size that GitHub renders comfortably.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def problems(path: Path) -> list[str]:
         if cell["cell_type"] != "code" or not source.strip():
             continue
         counts.append(cell.get("execution_count"))
+        if "execution" in cell.get("metadata", {}):
+            found.append(f"cell {i}: per-cell timing metadata: drop it with tools/hygiene.py --strip")
         tags = set(cell.get("metadata", {}).get("tags", []))
         for output in cell.get("outputs", []):
             text = _text(output)
@@ -56,8 +60,21 @@ def problems(path: Path) -> list[str]:
     return found
 
 
+def strip_timing(path: Path) -> None:
+    """Remove nbclient's ``metadata.execution`` timestamps, keeping the file's JSON layout otherwise."""
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        cell.get("metadata", {}).pop("execution", None)
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
 def main(argv=None) -> int:
-    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])] or sorted(Path("notebooks").glob("*.ipynb"))
+    args = list(argv if argv is not None else sys.argv[1:])
+    strip = "--strip" in args
+    paths = [Path(p) for p in args if p != "--strip"] or sorted(Path("notebooks").glob("*.ipynb"))
+    if strip:
+        for path in paths:
+            strip_timing(path)
     bad = 0
     for path in paths:
         for problem in problems(path):

@@ -1,7 +1,7 @@
 """Render the series as a static site that works offline (``make run``).
 
-    python -m mha_tutorial.site --execute     # run every notebook, then render build/site/
-    python -m mha_tutorial.site               # render the notebooks' committed outputs
+    python tools/site.py --out build/site build/notebooks/*.ipynb    # what `make run` does after executing them
+    python tools/site.py                                            # render the notebooks' committed outputs
 
 The site has an index page in series order (title, one-line summary and time to
 run of each notebook), one HTML page per notebook with its figures embedded, and
@@ -21,8 +21,6 @@ import inspect
 import re
 import sys
 from pathlib import Path
-
-from .run_notebooks import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).resolve().parent / "site_templates"
@@ -178,19 +176,15 @@ def index_page(site: Path, entries: list[dict]) -> None:
     )
 
 
-def build(notebooks: list[Path], site: Path, run: bool) -> list[dict]:
+def build(notebooks: list[Path], site: Path) -> list[dict]:
     import nbformat
 
     site.mkdir(parents=True, exist_ok=True)
     summaries = readme_summaries()
     entries = []
     for path in notebooks:
-        if run:
-            nb, seconds = execute(path)
-            nbformat.write(nb, site / path.name)  # the executed notebook, beside its HTML
-        else:
-            nb = nbformat.read(path, as_version=4)
-            seconds = run_seconds(nb)
+        nb = nbformat.read(path, as_version=4)
+        seconds = run_seconds(nb)  # from nbclient's timing metadata, when the notebook was just executed
         title, summary = title_of(nb), summaries.get(path.name, "")
         href = path.with_suffix(".html").name
         render_notebook(nb, site / href)
@@ -213,10 +207,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/NN_*.ipynb in order")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
-    parser.add_argument("--execute", action="store_true", help="run each notebook first (else use stored outputs)")
     args = parser.parse_args(argv)
     notebooks = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    build(notebooks, args.out, args.execute)
+    build(notebooks, args.out)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Write the student edition: every exercise solution replaced by a stub, every check kept (``make student``).
 
-    python -m mha_tutorial.student --out build/student notebooks/*.ipynb
+    python tools/student.py --out build/student notebooks/*.ipynb
 
 A solution lives in a code cell tagged ``solution``, between the lines
 ``# BEGIN SOLUTION`` and ``# END SOLUTION``. In the student edition that block
