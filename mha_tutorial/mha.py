@@ -63,7 +63,9 @@ class MultiHeadAttention(nn.Module):
             )
         for name, value in (("bias", bias), ("out_bias", out_bias)):
             if not isinstance(value, bool) and not (name == "out_bias" and value is None):
-                raise TypeError(f"{name} must be True or False{' or None' if name == 'out_bias' else ''}, got {value!r}")
+                raise TypeError(
+                    f"{name} must be True or False{' or None' if name == 'out_bias' else ''}, got {value!r}"
+                )
         self.num_hiddens, self.num_heads = num_hiddens, num_heads
         self.head_size = num_hiddens // num_heads
         sizes = {"query_size": query_size, "key_size": key_size, "value_size": value_size}
@@ -185,6 +187,9 @@ class MultiHeadAttention(nn.Module):
         output = F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
         )  # (B, H, Q, d)
+        # Some fused kernels (PyTorch's CPU flash kernel) turn a NaN query into a finite row; the step path gives
+        # NaN, and so must this one: bad input should show, not vanish.
+        output = output.masked_fill(q.isnan().any(dim=-1, keepdim=True), float("nan"))
         if keep is not None:
             has_key = keep.any(dim=-1, keepdim=True)  # (B or 1, H or 1, Q or 1, 1)
             if not bool(has_key.all()):  # same rule as masked_softmax: no visible key -> zeros

@@ -83,6 +83,10 @@ class ModelConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        counts = ("src_vocab_size", "num_enc_layers", "num_dec_layers", "ffn_num_hiddens")
+        negative = {name: getattr(self, name) for name in counts if getattr(self, name) < 0}
+        if negative:
+            raise ValueError(f"sizes and layer counts must be >= 0, got {negative}")
         want_enc = self.kind in ("encoder", "encoder_decoder")
         want_dec = self.kind in ("decoder", "encoder_decoder")
         if want_enc != (self.num_enc_layers > 0) or want_dec != (self.num_dec_layers > 0):

@@ -48,7 +48,12 @@ def check_head_mask(model, head_mask: torch.Tensor) -> None:
 
 def _examples(task_name: str, split: str, examples, limit: int | None):
     rows = get_task(task_name).load_split(split) if examples is None else list(examples)
-    return rows[:limit] if limit is not None else rows
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive int or None (all examples), got {limit!r}")
+    rows = rows[:limit] if limit is not None else rows
+    if not rows:  # an average over no examples would be NaN, or a division by zero
+        raise ValueError(f"no examples of task {task_name!r} to measure on")
+    return rows
 
 
 def ablation(model, task_name: str, split: str = "eval", examples=None, limit: int | None = None) -> dict:

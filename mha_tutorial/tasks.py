@@ -122,8 +122,14 @@ class Task:
         raise NotImplementedError
 
     # ---- tokens ----------------------------------------------------------------------------
+    @staticmethod
+    def _check_side(side) -> None:
+        if side not in ("src", "tgt"):
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+
     def encode(self, text: str, side: str = "src") -> list[int]:
         """Characters -> ids in the ``src`` or ``tgt`` vocabulary (every token here is one character)."""
+        self._check_side(side)
         stoi = self.src_stoi if side == "src" else self.tgt_stoi
         try:
             return [stoi[c] for c in text]
@@ -132,8 +138,14 @@ class Task:
 
     def decode(self, ids, side: str = "tgt", strip_special: bool = True) -> str:
         """Ids -> string; special tokens (<pad>, <bos>) are dropped unless ``strip_special=False``."""
+        self._check_side(side)
         vocab = self.src_vocab if side == "src" else self.tgt_vocab
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(vocab)]
+        if bad:  # a negative id would silently index from the end of the vocabulary
+            raise ValueError(
+                f"{self.name}: ids must be ints in [0, {len(vocab) - 1}] ({side} vocabulary), got {bad[:5]}"
+            )
         return "".join(vocab[i] for i in ids if not (strip_special and vocab[i] in (PAD, BOS)))
 
     # ---- model -----------------------------------------------------------------------------
@@ -533,7 +545,9 @@ def main(argv=None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description="(Re)write the committed evaluation splits in mha_tutorial/data/.")
-    parser.add_argument("--write-splits", action="store_true", help="write mha_tutorial/data/<task>_<split>.tsv for every task")
+    parser.add_argument(
+        "--write-splits", action="store_true", help="write mha_tutorial/data/<task>_<split>.tsv for every task"
+    )
     args = parser.parse_args(argv)
     if not args.write_splits:
         parser.error("nothing to do: pass --write-splits")

@@ -99,6 +99,8 @@ def evaluate(
     """
     task = get_task(task_name)
     examples = task.load_split(split) if examples is None else list(examples)
+    if not examples:
+        raise ValueError(f"evaluate needs at least one example of task {task_name!r}, got none")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -251,6 +253,11 @@ def read_checkpoint(path) -> dict:
     if not isinstance(checkpoint, dict) or any(k not in checkpoint for k in required):
         got = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise ValueError(f"{path} is not a checkpoint of this package: expected keys {required}, got {got}")
+    if checkpoint["format"] != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{path} has checkpoint format {checkpoint['format']!r}; this version of the package reads format "
+            f"{CHECKPOINT_FORMAT}: retrain it with python -m mha_tutorial.train (mha_tutorial/data/README.md has the commands)"
+        )
     return checkpoint
 
 

@@ -22,6 +22,8 @@ class HeadLoopMultiHeadAttention(MultiHeadAttention):
 
     def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
         valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+        if self.num_heads == 0:  # every head pruned: nothing to loop over, only W_o's bias
+            return self._no_heads(queries, keys, need_weights=True)
         Q, K, V = self.W_q(queries), self.W_k(keys), self.W_v(values)  # (B, T, H*d)
         d = self.head_size
         if mask is not None:

@@ -699,3 +699,13 @@ def test_addnorm_takes_bert_style_eps():
 def test_fused_path_takes_the_small_masks_the_step_path_takes(mask):
     mha, q, k = make_mha(bias=True), randn(2, 4, 12), randn(2, 6, 12)
     torch.testing.assert_close(mha(q, k, k, mask=mask, need_weights=False), mha(q, k, k, mask=mask), **TOL64)
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_fused_path_keeps_a_nan_query_nan_like_the_step_path(mask):
+    mha, q, k = make_mha(), randn(1, 3, 12), randn(1, 4, 12)
+    q[0, 1] = float("nan")
+    keep = causal_mask(3, 4) if mask else None
+    step, fused = mha(q, k, k, mask=keep), mha(q, k, k, mask=keep, need_weights=False)
+    assert torch.isnan(step[0, 1]).all() and torch.isnan(fused[0, 1]).all()
+    torch.testing.assert_close(fused, step, equal_nan=True, **TOL64)

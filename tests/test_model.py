@@ -222,3 +222,10 @@ def test_too_long_input_is_an_error():
     model = make("decoder")
     with pytest.raises(ValueError, match="longer than max_len=12"):
         model(torch.zeros(1, 13, dtype=torch.long))
+
+
+@pytest.mark.parametrize("field", ["num_enc_layers", "src_vocab_size", "ffn_num_hiddens"])
+def test_config_refuses_negative_counts(field):
+    base = dict(kind="decoder", src_vocab_size=0, tgt_vocab_size=10, num_enc_layers=0, num_dec_layers=2)
+    with pytest.raises(ValueError, match=f"must be >= 0, got {{'{field}': -1}}"):
+        ModelConfig(**{**base, field: -1})

@@ -184,3 +184,14 @@ def test_encode_rejects_unknown_characters():
         get_task("dates").encode("21#11")
     task = get_task("reversal")
     assert task.decode(task.encode("hello"), side="src") == "hello"
+
+
+def test_decode_and_encode_refuse_what_would_silently_mislead():
+    task = get_task("reversal")
+    with pytest.raises(ValueError, match=r"ids must be ints in \[0, .*got \[-1\]"):
+        task.decode([3, -1])  # -1 would read the vocabulary's last token
+    with pytest.raises(ValueError, match="got \\[99\\]"):
+        task.decode(torch.tensor([99]))
+    for call in (lambda: task.decode([3], side="target"), lambda: task.encode("abc", side="source")):
+        with pytest.raises(ValueError, match="side must be 'src' or 'tgt'"):
+            call()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mha_tutorial import pruning
 from mha_tutorial.model import build_model
 from mha_tutorial.tasks import TASKS, get_task
 from mha_tutorial.train import CHECKPOINT_DIR, evaluate, load_pretrained, read_checkpoint, train
@@ -177,3 +178,22 @@ def test_load_pretrained_leaves_the_callers_random_stream_alone():
     torch.manual_seed(0)
     load_pretrained("reversal", device="cpu")
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_checkpoint_of_another_format_is_refused(tmp_path):
+    checkpoint = torch.load(CHECKPOINT_DIR / "reversal.pt", weights_only=True)
+    checkpoint["format"] = 99
+    torch.save(checkpoint, tmp_path / "future.pt")
+    with pytest.raises(ValueError, match="checkpoint format 99; this version of the package reads format 1"):
+        load_pretrained("reversal", path=tmp_path / "future.pt")
+
+
+def test_measuring_on_no_examples_is_an_error_not_nan():
+    model = load_pretrained("reversal", device="cpu")
+    with pytest.raises(ValueError, match="at least one example"):
+        evaluate(model, "reversal", examples=[])
+    for measure in (pruning.ablation, pruning.gradient_importance):
+        with pytest.raises(ValueError, match="no examples of task 'reversal'"):
+            measure(model, "reversal", examples=[])
+    with pytest.raises(ValueError, match="limit must be a positive int"):
+        pruning.ablation(model, "reversal", limit=0)

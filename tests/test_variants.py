@@ -229,3 +229,13 @@ def test_cuda_variants_match_cpu_with_masks_made_on_the_cpu(cls):
     q_sf, k_sf = q.transpose(0, 1).cuda(), k.transpose(0, 1).cuda()  # [T, B, d]
     out = seq_first(q_sf, k_sf, k_sf, causal_mask(4, 6)[..., None])
     torch.testing.assert_close(out.cpu().transpose(0, 1), base(q, k, k, mask=causal_mask(4, 6)), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [HeadLoopMultiHeadAttention, EinsumMultiHeadAttention], ids=lambda c: c.__name__)
+def test_variants_with_every_head_pruned_return_the_output_bias(cls):
+    base, other = pair(cls)
+    base.prune_heads([0, 1, 2])
+    other.prune_heads([0, 1, 2])
+    x = torch.randn(2, 3, 12)
+    torch.testing.assert_close(other(x, x, x), base(x, x, x))
+    torch.testing.assert_close(other(x, x, x), base.W_o.bias.expand(2, 3, 12))
