@@ -57,13 +57,14 @@ def _softmax_over_keys(scores: torch.Tensor, keep: torch.Tensor | None, inplace:
     # for masked keys, while a row that is *all* masked stays finite (uniform)
     # instead of turning into 0/0 = NaN.
     fill = scores.masked_fill_ if inplace else scores.masked_fill
-    weights = F.softmax(fill(~keep, torch.finfo(scores.dtype).min), dim=-1)
-    # Then hidden keys get exactly 0: this zeroes the rows with no visible key, and it also covers visible
-    # scores of -inf (an additive mask applied earlier), below the fill, which would hand the hidden keys
-    # the row's weight. In place only when autograd does not need softmax's output.
-    if weights.requires_grad:
-        return weights.masked_fill(~keep, 0.0)
-    return weights.masked_fill_(~keep, 0.0)
+    filled = fill(~keep, torch.finfo(scores.dtype).min)
+    # A row whose largest score is the fill value has no usable key: none visible, or only visible scores of
+    # -inf (an additive mask applied earlier), which would hand the hidden keys the row's weight. It gets zeros.
+    unusable = filled.amax(dim=-1, keepdim=True) <= torch.finfo(scores.dtype).min  # (..., Q, 1), small
+    weights = F.softmax(filled, dim=-1)
+    if bool(unusable.any()):
+        weights = weights.masked_fill(unusable, 0.0)
+    return weights
 
 
 def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Tensor:
