@@ -299,6 +299,18 @@ def test_checks_are_exported():
         assert callable(getattr(checks, name))
 
 
+def test_every_check_is_one_function_under_both_names():
+    # checks.check_x and checks.nbNN.check_x used to differ (only the first reported a stub as not attempted).
+    from mha_tutorial.checks import nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08
+
+    modules = (nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08)
+    names = [name for module in modules for name in module.__all__]
+    assert sorted(names) == sorted(n for n in checks.__all__ if n.startswith("check_"))
+    for module in modules:
+        for name in module.__all__:
+            assert getattr(checks, name) is getattr(module, name), name
+
+
 def test_reference_softmax_is_F_softmax():
     # sanity for the test helpers themselves
     s = torch.randn(2, 3, 4)

@@ -352,3 +352,11 @@ def test_head_off_names_mistakes(wrong, words):
     with pytest.raises(CheckFailed) as info:
         check_head_off(wrong)
     assert words in str(info.value)
+
+
+def test_checks_that_seed_leave_the_global_rng_alone(capsys):
+    # check_mha_forward builds its modules under torch.manual_seed(40) inside torch.random.fork_rng.
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_mha_forward(mha_right)
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -73,6 +73,37 @@ def call(fn, *args, case: str, hint: str = "", **kwargs):
         ) from None
 
 
+def _same(actual: torch.Tensor, candidate: torch.Tensor, atol: float, rtol: float) -> bool:
+    """Equal shapes and values (bool tensors exactly, floats within tolerance; NaN or inf never matches)."""
+    if tuple(actual.shape) != tuple(candidate.shape):
+        return False
+    actual = actual.detach().to(candidate.dtype).cpu()
+    if candidate.dtype == torch.bool:
+        return torch.equal(actual, candidate.cpu())
+    if not (torch.isfinite(actual).all() and torch.isfinite(candidate).all()):
+        return False
+    return bool(torch.allclose(actual, candidate.cpu(), atol=atol, rtol=rtol))
+
+
+def diagnose(actual, expected, mistakes, case: str, atol=1e-5, rtol=1e-4, otherwise="compare", mistake_atol=None):
+    """Return if ``actual`` matches ``expected``; else raise naming the first known mistake it reproduces.
+
+    ``mistakes``: (description, what that mistake computes) pairs, any iterable: a generator computes them
+    only as far as needed, and a None candidate is skipped. When no mistake matches, ``otherwise`` decides:
+    ``"compare"`` raises with the first differing value (``expect_close``), ``None`` returns so the caller can
+    look further, and a function ``(actual, expected, case)`` raises its own message.
+    """
+    if _same(actual, expected, atol, rtol):
+        return
+    for description, candidate in mistakes:
+        if candidate is not None and _same(actual, candidate, mistake_atol or atol, rtol):
+            raise CheckFailed(f"{case}: {description}")
+    if otherwise == "compare":
+        expect_close(actual, expected, case, atol=atol, rtol=rtol)
+    elif otherwise is not None:
+        otherwise(actual, expected, case)
+
+
 def expect_tensor(actual, case: str) -> torch.Tensor:
     if not isinstance(actual, torch.Tensor):
         raise CheckFailed(f"{case}: expected a tensor, got {type(actual).__name__}")

@@ -14,7 +14,16 @@ import torch
 from torch.nn import functional as F
 
 from ..attention import scaled_dot_product_attention
-from ._common import CheckFailed, call, expect_close, expect_finite, expect_shape, expect_tensor, passed
+from ._common import (
+    CheckFailed,
+    call,
+    diagnose,
+    expect_finite,
+    expect_shape,
+    expect_tensor,
+    friendly,
+    passed,
+)
 
 __all__ = ["check_softmax", "check_temperature_attention", "check_attention_entropy"]
 
@@ -27,28 +36,10 @@ def _randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=_gen(seed)) * scale
 
 
-def _same(actual: torch.Tensor, candidate: torch.Tensor, atol: float = 1e-5) -> bool:
-    if tuple(actual.shape) != tuple(candidate.shape):
-        return False
-    actual = actual.detach().to(candidate.dtype).cpu()
-    if not (torch.isfinite(actual).all() and torch.isfinite(candidate).all()):
-        return False
-    return bool(torch.allclose(actual, candidate, atol=atol, rtol=1e-4))
-
-
-def _diagnose(actual: torch.Tensor, expected: torch.Tensor, mistakes: list, case: str, atol: float = 1e-5) -> None:
-    """Pass if ``actual`` matches ``expected``; else name the first mistake it matches; else show the difference."""
-    if _same(actual, expected, atol):
-        return
-    for description, candidate in mistakes:
-        if candidate is not None and _same(actual, candidate, atol):
-            raise CheckFailed(f"{case}: {description}")
-    expect_close(actual, expected, case, atol=atol, rtol=1e-4)
-
-
 # --------------------------------------------------------------------------- Exercise 1
 
 
+@friendly
 def check_softmax(my_softmax) -> None:
     """``my_softmax(scores)``: softmax over the keys (last axis), safe for large scores."""
     cases = [
@@ -100,7 +91,7 @@ def check_softmax(my_softmax) -> None:
                 torch.exp(scores - scores.max()) / torch.exp(scores - scores.max()).sum(),
             ),
         ]
-        _diagnose(out, expected, mistakes, case)
+        diagnose(out, expected, mistakes, case)
     passed("check_softmax", len(cases))
 
 
@@ -114,6 +105,7 @@ def _weights(queries, keys, temperature, scale, dim=-1, transpose_scores=False):
     return F.softmax(scores, dim=dim)
 
 
+@friendly
 def check_temperature_attention(my_attention) -> None:
     """``my_attention(queries, keys, values, temperature)`` -> (output, weights), softmax(Q K^T / (T sqrt d)) V."""
     cases = [
@@ -173,7 +165,7 @@ def check_temperature_attention(my_attention) -> None:
                 _weights(queries, keys, temperature, r, transpose_scores=True),
             ),
         ]
-        _diagnose(weights, ref_w, mistakes, case + " (weights)")
+        diagnose(weights, ref_w, mistakes, case + " (weights)")
         expect_shape(output, (*lead, Q, v), case + " (output)")
         out_mistakes = [
             (
@@ -181,7 +173,7 @@ def check_temperature_attention(my_attention) -> None:
                 ref_w.transpose(-2, -1) @ values if Q == K else None,
             ),
         ]
-        _diagnose(output, ref_out, out_mistakes, case + " (output)")
+        diagnose(output, ref_out, out_mistakes, case + " (output)")
     passed("check_temperature_attention", len(cases))
 
 
@@ -192,6 +184,7 @@ def _entropy(weights: torch.Tensor) -> torch.Tensor:
     return -torch.xlogy(weights, weights).sum(dim=-1)
 
 
+@friendly
 def check_attention_entropy(attention_entropy) -> None:
     """``attention_entropy(weights)`` -> entropy in nats of each query's weights, shape (..., Q)."""
     uniform = torch.full((1, 3, 4), 0.25)
@@ -231,5 +224,5 @@ def check_attention_entropy(attention_entropy) -> None:
             ("used log base 2 (bits); measure in nats with the natural log, torch.log", expected / math.log(2)),
             ("averaged over the keys instead of summing (mean instead of sum)", expected / weights.shape[-1]),
         ]
-        _diagnose(out, expected, mistakes, case, atol=1e-4)
+        diagnose(out, expected, mistakes, case, atol=1e-4)
     passed("check_attention_entropy", len(cases))

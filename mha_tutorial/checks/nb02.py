@@ -13,7 +13,7 @@ import torch
 
 from ..attention import masked_softmax
 from ..masks import causal_mask, padding_mask
-from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, diagnose, expect_close, expect_shape, expect_tensor, friendly, passed
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_softmax"]
 
@@ -34,12 +34,7 @@ def _expect_bool_mask(actual, shape: tuple, case: str) -> torch.Tensor:
     return actual.cpu()
 
 
-def _diagnose_mask(actual: torch.Tensor, expected: torch.Tensor, mistakes: list, case: str) -> None:
-    if torch.equal(actual, expected):
-        return
-    for description, candidate in mistakes:
-        if candidate is not None and torch.equal(actual, candidate):
-            raise CheckFailed(f"{case}: {description}")
+def _mask_difference(actual: torch.Tensor, expected: torch.Tensor, case: str) -> None:
     where = tuple(int(i) for i in (actual != expected).nonzero()[0])
     raise CheckFailed(
         f"{case}: wrong mask, first at index {where}: got {bool(actual[where])}, expected {bool(expected[where])}"
@@ -50,6 +45,7 @@ def _diagnose_mask(actual: torch.Tensor, expected: torch.Tensor, mistakes: list,
 # --------------------------------------------------------------------------- Exercise 1
 
 
+@friendly
 def check_causal_mask(my_causal_mask) -> None:
     """``my_causal_mask(num_queries, num_keys=None)`` -> bool (Q, K), True where query i may see key j."""
     cases = [(4, None), (5, 5), (1, None), (3, 5), (2, 6)]
@@ -84,13 +80,14 @@ def check_causal_mask(my_causal_mask) -> None:
             ),
             ("you anchored the mask at the bottom-right but inverted it", ~ones.tril(0) if offset else None),
         ]
-        _diagnose_mask(actual, expected, mistakes, case)
+        diagnose(actual, expected, mistakes, case, otherwise=_mask_difference)
     passed("check_causal_mask", len(cases))
 
 
 # --------------------------------------------------------------------------- Exercise 2
 
 
+@friendly
 def check_padding_mask(my_padding_mask) -> None:
     """``my_padding_mask(valid_lens, num_keys)`` -> bool (B, 1, K) for (B,) lengths, (B, Q, K) for (B, Q)."""
     cases = [
@@ -128,7 +125,7 @@ def check_padding_mask(my_padding_mask) -> None:
             ),
             ("off-by-one: key j is visible when j < valid_len (you used j < valid_len - 1)", positions < lens - 1),
         ]
-        _diagnose_mask(actual, expected, mistakes, case)
+        diagnose(actual, expected, mistakes, case, otherwise=_mask_difference)
     passed("check_padding_mask", len(cases))
 
 
@@ -139,6 +136,7 @@ def _seeded_scores(shape, seed, dtype=torch.float32):
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2).to(dtype)
 
 
+@friendly
 def check_masked_softmax(my_masked_softmax) -> None:
     """``my_masked_softmax(scores, valid_lens)``: zeros on padded keys, zero rows when nothing is visible."""
     cases = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import transpose_qkv
-from ._common import CheckFailed, call, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, expect_shape, expect_tensor, friendly, passed
 
 __all__ = ["check_transpose_qkv", "check_transpose_output", "check_expand_valid_lens"]
 
@@ -43,6 +43,7 @@ def _as_cpu(actual, case: str) -> torch.Tensor:
     return expect_tensor(actual, case).detach().cpu()
 
 
+@friendly
 def check_transpose_qkv(fn) -> None:
     """``fn(X, num_heads)``: (B, T, H*d) -> (B*H, T, d), row b*H + h = head h of example b."""
     for batch, steps, heads, size in _CASES:
@@ -91,6 +92,7 @@ def check_transpose_qkv(fn) -> None:
     passed("check_transpose_qkv", len(_CASES))
 
 
+@friendly
 def check_transpose_output(fn) -> None:
     """``fn(X, num_heads)``: (B*H, T, d) -> (B, T, H*d), the inverse of ``transpose_qkv``."""
     for batch, steps, heads, size in _CASES:
@@ -141,6 +143,7 @@ _LENS_CASES = [
 ]
 
 
+@friendly
 def check_expand_valid_lens(fn) -> None:
     """``fn(valid_lens, num_heads)``: (B,) -> (B*H,) or (B, Q) -> (B*H, Q), row b*H + h = valid_lens[b]."""
     for lens, heads in _LENS_CASES:

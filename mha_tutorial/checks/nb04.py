@@ -17,7 +17,7 @@ import torch
 from ..attention import masked_softmax
 from ..masks import padding_mask
 from ..mha import MultiHeadAttention
-from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed
 
 __all__ = ["check_mha_forward", "check_num_params", "check_head_off"]
 
@@ -124,8 +124,7 @@ def _forward_cases():
     """(net, queries, keys, values, valid_lens, description), seeded."""
     g = torch.Generator().manual_seed(4)
     cases = []
-    torch_state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
         torch.manual_seed(40)
         net = _NoForward(16, 4, bias=False).eval()
         X = torch.randn(2, 5, 16, generator=g)
@@ -147,11 +146,10 @@ def _forward_cases():
                 "cross-attention with bias, 3 heads, query/key/value sizes 6/10/7, valid_lens=[4, 1]",
             )
         )
-    finally:
-        torch.random.set_rng_state(torch_state)
     return cases
 
 
+@friendly
 def check_mha_forward(fn) -> None:
     """``fn(net, queries, keys, values, valid_lens=None)`` -> (B, Q, num_hiddens), as ``net`` would give."""
     cases = _forward_cases()
@@ -194,6 +192,7 @@ def _describe(kwargs) -> str:
     return ", ".join(f"{k}={v}" for k, v in kwargs.items())
 
 
+@friendly
 def check_num_params(fn) -> None:
     """``fn(num_hiddens, num_heads, bias, query_size=None, key_size=None, value_size=None)`` -> int."""
     for kwargs in _PARAM_CASES:
@@ -284,16 +283,14 @@ def _zero_wv_rows_not_bias(m, cols):
     m.W_v.weight[cols] = 0
 
 
+@friendly
 def check_head_off(fn) -> None:
     """``fn(net, X, h)`` -> self-attention output of ``net`` on X with head h switched off, without head_mask."""
-    torch_state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
         torch.manual_seed(41)
         nets = [_NoHeadMask(16, 4, bias=True).eval(), _NoHeadMask(12, 3, bias=False).eval()]
         g = torch.Generator().manual_seed(5)
         inputs = [torch.randn(2, 5, 16, generator=g), torch.randn(2, 4, 12, generator=g)]
-    finally:
-        torch.random.set_rng_state(torch_state)
     cases = [(nets[0], inputs[0], 1), (nets[0], inputs[0], 3), (nets[1], inputs[1], 0)]
     for net, X, h in cases:
         H = net.num_heads

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from ..masks import causal_mask
 from ..model import TransformerEncoderDecoder
 from ..tasks import BOS, get_task, load_split
-from ._common import CheckFailed, call, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, expect_shape, expect_tensor, friendly, passed
 
 __all__ = ["check_decoder_mask", "check_masked_loss_and_accuracy", "check_greedy_decode"]
 
@@ -89,6 +89,7 @@ def _decoder_mask_mistakes(valid_lens: torch.Tensor, T: int) -> list:
 _DECODER_MASK_CASES = [([4, 2, 5], 5), ([3, 1], 4), ([6, 1, 3], 6), ([3], 3)]
 
 
+@friendly
 def check_decoder_mask(fn) -> None:
     """``fn(valid_lens, num_steps)`` -> bool (B, T, T): causal self-attention on a left-padded batch."""
     for lens, T in _DECODER_MASK_CASES:
@@ -212,6 +213,7 @@ def _same(a: float, b: float) -> bool:
     return (a != a and b != b) or abs(a - b) <= 1e-5 * max(1.0, abs(b))  # NaN == NaN here
 
 
+@friendly
 def check_masked_loss_and_accuracy(fn) -> None:
     """``fn(logits (B, T, V), targets (B, T), loss_mask (B, T) bool)`` -> (loss tensor, accuracy float)."""
     cases = _loss_cases()
@@ -290,19 +292,17 @@ def _greedy_models():
     task = get_task("dates")
     trained = load_pretrained("dates", device="cpu")
     models = []
-    state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
         torch.manual_seed(50)
         for label, source in (("the committed dates model", trained), ("an untrained dates model", None)):
             net = _NoGreedy(task.default_config())
             if source is not None:
                 net.load_state_dict(source.state_dict())
             models.append((label, net.eval()))
-    finally:
-        torch.random.set_rng_state(state)
     return models
 
 
+@friendly
 def check_greedy_decode(fn) -> None:
     """``fn(model, src (B, S), src_valid_lens (B,), num_steps, bos_id)`` -> (B, num_steps) ids, without <bos>."""
     task = get_task("dates")

@@ -17,7 +17,7 @@ import torch
 from ..attention import masked_softmax
 from ..masks import causal_mask, padding_mask
 from ..viz import layer_masks, normalized_entropy
-from ._common import CheckFailed, call, expect_tensor, passed
+from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed
 
 __all__ = ["check_normalized_entropy", "check_previous_token_score", "check_induction_score"]
 
@@ -37,10 +37,6 @@ def _per_head(actual, H: int, B: int, Q: int, case: str) -> torch.Tensor:
     raise CheckFailed(f"{case}: wrong shape {tuple(actual.shape)}: {hint}")
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b.to(a.dtype), atol=atol, rtol=1e-4))
-
-
 def _diagnose(actual, expected, compute, options, case: str, what: str, atol: float = 1e-4) -> None:
     """Pass when ``actual`` is close to ``expected``; otherwise name the mistakes that reproduce it.
 
@@ -49,21 +45,22 @@ def _diagnose(actual, expected, compute, options, case: str, what: str, atol: fl
     """
     if torch.isnan(actual).any():
         raise CheckFailed(f"{case}: the {what} contains NaN")
-    if _close(actual, expected, atol):
-        return
-    combos = sorted(itertools.product(*[range(len(values)) for _, values in options]), key=lambda c: sum(map(bool, c)))
-    for combo in combos[1:]:  # combos[0] is the right answer
-        flags = {name: values[i][0] for (name, values), i in zip(options, combo, strict=True)}
-        if _close(actual, compute(**flags), atol):
-            messages = [values[i][1] for (_, values), i in zip(options, combo, strict=True) if i]
-            if len(messages) == 1:
-                raise CheckFailed(f"{case}: {messages[0]}")
+
+    def mistakes():  # every combination of wrong flags, fewest first, computed only as far as needed
+        combos = sorted(itertools.product(*[range(len(vals)) for _, vals in options]), key=lambda c: sum(map(bool, c)))
+        for combo in combos[1:]:  # combos[0] is the right answer
+            flags = {name: vals[i][0] for (name, vals), i in zip(options, combo, strict=True)}
+            messages = [vals[i][1] for (_, vals), i in zip(options, combo, strict=True) if i]
             listed = " ".join(f"({k}) {m}" for k, m in enumerate(messages, 1))
-            raise CheckFailed(f"{case}: {len(messages)} things to fix: {listed}")
-    h = int((actual - expected).abs().argmax())
-    raise CheckFailed(
-        f"{case}: wrong {what} for head {h}: got {actual[h].item():.4f}, expected {expected[h].item():.4f}"
-    )
+            yield messages[0] if len(messages) == 1 else f"{len(messages)} things to fix: {listed}", compute(**flags)
+
+    def wrong_head(actual, expected, case):
+        h = int((actual - expected).abs().argmax())
+        raise CheckFailed(
+            f"{case}: wrong {what} for head {h}: got {actual[h].item():.4f}, expected {expected[h].item():.4f}"
+        )
+
+    diagnose(actual, expected, mistakes(), case, atol=atol, otherwise=wrong_head)
 
 
 def _row_mean(values: torch.Tensor, rows: torch.Tensor, per_example: bool = False) -> torch.Tensor:
@@ -81,11 +78,8 @@ def _random_weights(g, B: int, H: int, Q: int, K: int, keep: torch.Tensor) -> to
 
 
 def _with_rng(make):
-    state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
         return make()
-    finally:
-        torch.random.set_rng_state(state)
 
 
 def _trained_weights(task_name: str, n: int):
@@ -206,6 +200,7 @@ def _entropy_cases():
     return _with_rng(make)
 
 
+@friendly
 def check_normalized_entropy(fn) -> None:
     """``fn(weights (B, H, Q, K), keep (B, Q, K) bool)`` -> (H,) mean normalised entropy per head."""
     cases = _entropy_cases()
@@ -328,6 +323,7 @@ def _previous_cases():
     return _with_rng(make)
 
 
+@friendly
 def check_previous_token_score(fn) -> None:
     """``fn(weights (B, H, T, T), lengths (B,))`` -> (H,): mean of weights[b, h, t, t - 1] over t = 1 .. lengths[b] - 1."""
     cases = _previous_cases()
@@ -456,6 +452,7 @@ def _induction_cases():
     return _with_rng(make)
 
 
+@friendly
 def check_induction_score(fn) -> None:
     """``fn(weights (B, H, T, T), run_lengths (B,))`` -> (H,): mean of weights[b, h, p, p - n + 1] over p = n .. 2n - 2."""
     cases = _induction_cases()

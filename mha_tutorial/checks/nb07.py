@@ -20,7 +20,7 @@ from .. import pruning
 from ..model import ModelConfig, build_model
 from ..tasks import get_task
 from ..train import load_pretrained
-from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, passed
+from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed
 
 __all__ = ["check_head_importance", "check_pruning_order", "check_params_after_pruning"]
 
@@ -112,6 +112,7 @@ def _importance_mistakes(model, task_name: str, examples, layer: int) -> list[tu
 _IMPORTANCE_CASES = [("induction", 1, 6), ("dates", 3, 5), ("dates", 0, 4)]  # (task, layer, examples)
 
 
+@friendly
 def check_head_importance(fn) -> None:
     """``fn(model, task_name, examples, layer)`` -> (H,): mean over ``examples`` of |dL(x)/d head_mask[layer, h]|.
 
@@ -175,6 +176,7 @@ def _as_pairs(actual, case: str) -> list:
     return list(actual)
 
 
+@friendly
 def check_pruning_order(fn) -> None:
     """``fn(scores)`` -> list of (layer, head) pairs, least important first, ties in row-major order.
 
@@ -254,12 +256,9 @@ def _param_cases():
     wide = ModelConfig(
         "decoder", 0, 9, num_hiddens=40, num_heads=2, ffn_num_hiddens=0, num_enc_layers=0, num_dec_layers=3, max_len=6
     )
-    state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
         torch.manual_seed(70)
         small_model, wide_model = build_model(small).eval(), build_model(wide).eval()
-    finally:
-        torch.random.set_rng_state(state)
     return [
         (_model("dates"), {0: [1], 3: [0, 2]}, "the dates model (D=64, H=4, bias=True), heads {0: [1], 3: [0, 2]}"),
         (_model("induction"), {1: [0, 1, 2, 3]}, "the induction model (D=64, H=4, bias=True), all of layer 1"),
@@ -269,6 +268,7 @@ def _param_cases():
     ]
 
 
+@friendly
 def check_params_after_pruning(fn) -> None:
     """``fn(model, heads)`` -> int: parameters of ``model`` once ``heads`` ({layer: [head, ...]}) are pruned.
 
