@@ -155,9 +155,7 @@ class MultiHeadAttention(nn.Module):
         num_queries, num_keys = queries.shape[1], keys.shape[1]
         if not need_weights and is_causal and valid_lens is None and mask is None and num_queries == num_keys:
             return self._fused_forward(queries, keys, values, None, None, head_mask, is_causal=True)
-        if is_causal:
-            causal = causal_mask(num_queries, num_keys, device=queries.device)  # (Q, K)
-            mask = causal if mask is None else mask.to(queries.device) & causal
+        mask = self._and_causal(mask, queries, keys) if is_causal else mask
         if not need_weights:
             return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask)
         batch, H = queries.shape[0], self.num_heads
@@ -173,6 +171,12 @@ class MultiHeadAttention(nn.Module):
             gates = head_mask.to(output).repeat(batch)  # (B*H,): entry b*H + h is head_mask[h]
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
+
+    @staticmethod
+    def _and_causal(mask, queries, keys):
+        """``mask`` AND ``causal_mask(Q, K)``: what ``is_causal=True`` means, in every variant."""
+        causal = causal_mask(queries.shape[1], keys.shape[1], device=queries.device)  # (Q, K)
+        return causal if mask is None else mask.to(queries.device) & causal
 
     def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, is_causal=False):
         """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""

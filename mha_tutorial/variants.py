@@ -2,7 +2,9 @@
 
 Each class has the constructor and parameter names of ``MultiHeadAttention``
 (they subclass it and only replace ``forward``), so one ``state_dict`` loads
-into all of them and they must give the same outputs.
+into all of them and they must give the same outputs. The two batch-first ones
+take the same ``forward`` arguments too (``need_weights=False`` only drops the
+weights: they have no fused path), so either can stand in for it.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from .mha import MultiHeadAttention
 class HeadLoopMultiHeadAttention(MultiHeadAttention):
     """The literal reading of Concat(head_1, ..., head_H) W^O: one head at a time, on column slices."""
 
-    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
-        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+    def forward(
+        self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
+    ):
+        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask, is_causal)
         if self.num_heads == 0:  # every head pruned: nothing to loop over, only W_o's bias
-            return self._no_heads(queries, keys, need_weights=True)
+            return self._no_heads(queries, keys, need_weights)
+        mask = self._and_causal(mask, queries, keys) if is_causal else mask
         Q, K, V = self.W_q(queries), self.W_k(keys), self.W_v(values)  # (B, T, H*d)
         d = self.head_size
         if mask is not None:
@@ -43,15 +48,18 @@ class HeadLoopMultiHeadAttention(MultiHeadAttention):
             )  # (B, Q, d), (B, Q, K)
             heads.append(out_h if head_mask is None else out_h * head_mask[h])
             weights.append(w_h)
-        self.attention_weights = torch.stack(weights, dim=1)  # (B, H, Q, K)
+        self.attention_weights = torch.stack(weights, dim=1) if need_weights else None  # (B, H, Q, K)
         return self.W_o(torch.cat(heads, dim=-1))  # (B, Q, H*d) -> (B, Q, num_hiddens)
 
 
 class EinsumMultiHeadAttention(MultiHeadAttention):
     """Head-first layout (H, B, T, d) with ``torch.einsum`` for the scores and the weighted sum."""
 
-    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None):
-        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask)
+    def forward(
+        self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
+    ):
+        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask, is_causal)
+        mask = self._and_causal(mask, queries, keys) if is_causal else mask
         H, d = self.num_heads, self.head_size
 
         def split(X):  # (B, T, H*d) -> (H, B, T, d)
@@ -63,7 +71,7 @@ class EinsumMultiHeadAttention(MultiHeadAttention):
         if keep is not None:
             keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape)).transpose(0, 1)  # ~(H, B, Q, K)
         weights = masked_softmax(scores, mask=keep)  # (H, B, Q, K)
-        self.attention_weights = weights.transpose(0, 1)  # (B, H, Q, K)
+        self.attention_weights = weights.transpose(0, 1) if need_weights else None  # (B, H, Q, K)
         if self.training and self.attention.dropout > 0:
             weights = nn.functional.dropout(weights, self.attention.dropout)
         out = torch.einsum("hbqk,hbkd->hbqd", weights, v)  # (H, B, Q, d)

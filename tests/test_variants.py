@@ -239,3 +239,20 @@ def test_variants_with_every_head_pruned_return_the_output_bias(cls):
     x = torch.randn(2, 3, 12)
     torch.testing.assert_close(other(x, x, x), base(x, x, x))
     torch.testing.assert_close(other(x, x, x), base.W_o.bias.expand(2, 3, 12))
+
+
+@pytest.mark.parametrize("cls", BATCH_FIRST, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("kwargs", [{}, {"valid_lens": torch.tensor([3, 1])}, {"mask": torch.rand(2, 3, 4, 4) < 0.7}])
+def test_batch_first_variants_take_need_weights_and_is_causal(cls, kwargs):
+    # Drop-in for MultiHeadAttention: the same forward arguments give the same outputs.
+    base, other = pair(cls)
+    x = torch.randn(2, 4, 12)
+    for extra in ({"is_causal": True}, {"need_weights": False}, {"need_weights": False, "is_causal": True}):
+        expected = base(x, x, x, **kwargs, **extra)
+        torch.testing.assert_close(other(x, x, x, **kwargs, **extra), expected, **TOL32)
+        if extra.get("need_weights", True):
+            torch.testing.assert_close(other.attention_weights, base.attention_weights, **TOL32)
+        else:
+            assert other.attention_weights is None
+    with pytest.raises(TypeError, match="is_causal must be True or False"):
+        other(x, x, x, is_causal="yes")
