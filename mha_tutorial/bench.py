@@ -200,7 +200,7 @@ def _measure(f, x, keep, backward: bool, min_run_time: float, threads: int, para
     return m.median * 1e3, m.iqr * 1e3, peak / 2**20
 
 
-def run_benchmark(
+def run_benchmark(  # noqa: C901, PLR0913 -- known debt (issue 10): one sweep, many settings
     seqs=(128, 256, 512, 1024, 2048, 4096, 8192),
     batch: int = 8,
     hiddens: int = 768,

@@ -150,7 +150,7 @@ def _tick_fontsize(n: int, panel_in: float) -> float:
     return float(min(9.0, max(6.0, 0.8 * panel_in * 72 / max(n, 1))))
 
 
-def plot_head_grid(
+def plot_head_grid(  # noqa: C901, PLR0912, PLR0913, PLR0915 -- known debt: layout + per-panel split (issue 10)
     weights,
     query_labels,
     key_labels,

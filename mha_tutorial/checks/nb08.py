@@ -91,7 +91,7 @@ def _known_mistakes(q, k, valid_lens, shape):
     return mistakes
 
 
-def _diagnose_weights(weights, expected, q, k, valid_lens, case: str) -> None:
+def _diagnose_weights(weights, expected, q, k, valid_lens, case: str) -> None:  # noqa: C901 -- known debt (issue 10)
     """Name the notebook's mistake that ``weights`` (B, H, Q, K) shows, if any; then compare values."""
     B, H, Q, K = expected.shape
     keep = padding_mask(valid_lens, K)[:, None]  # (B, 1, 1, K), True = real key

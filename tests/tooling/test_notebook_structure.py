@@ -10,7 +10,7 @@ import pytest
 from mha_tutorial import checks
 from tools.hygiene import problems
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 @pytest.fixture(params=NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

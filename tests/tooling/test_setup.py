@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml  # PyYAML comes with jupyterlab (via jupyter-events)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+!-]*)$")
 CONDA_TO_PIP = {"pytorch": "torch"}
 

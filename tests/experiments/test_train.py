@@ -13,7 +13,7 @@ from mha_tutorial.model import build_model
 from mha_tutorial.tasks import TASKS, get_task
 from mha_tutorial.train import CHECKPOINT_DIR, evaluate, load_pretrained, read_checkpoint, train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAMES = list(TASKS)
 
 

@@ -13,7 +13,7 @@ from nbclient import NotebookClient
 
 from tools.student import stub_source, student_edition
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
