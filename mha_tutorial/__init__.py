@@ -2,7 +2,8 @@
 
 Notebook 01 -> attention.py, 02 -> masks.py, 03 -> heads.py and variants.py,
 04 -> mha.py (and bench.py for what it costs), 05 -> tasks.py, model.py, train.py,
-06 -> viz.py, 07 -> pruning.py. Every notebook ends by checking its own code
+06 -> viz.py (the heatmap grid), maps.py (weights from a model) and head_stats.py,
+07 -> pruning.py. Every notebook ends by checking its own code
 against these; ``checks`` holds the automatic checks of the exercises.
 """
 

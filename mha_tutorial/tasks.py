@@ -62,7 +62,9 @@ class Batch:
 
     src (B, S) encoder ids, valid_lens (B,) encoder lengths, tgt_in (B, T)
     decoder input ids, tgt_out (B, T) target ids, loss_mask (B, T) bool
-    (True = this position counts in loss and accuracy), examples: the raw rows.
+    (True = this position counts in loss and accuracy), tgt_valid_lens (B,)
+    real decoder tokens when the decoder side is right-padded (None when every
+    position is real), examples: the raw rows.
     """
 
     src: torch.Tensor | None = None
@@ -70,6 +72,7 @@ class Batch:
     tgt_in: torch.Tensor | None = None
     tgt_out: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
+    tgt_valid_lens: torch.Tensor | None = None
     examples: list | None = None
 
     def to(self, device) -> Batch:
@@ -196,9 +199,6 @@ class Task:
         return [tuple(line.split("\t")) for line in lines[1:]]
 
     # ---- interpretability ----------------------------------------------------------------------
-    def pattern_scores(self, model, examples) -> dict[str, dict[str, list[float]]]:
-        """{pattern: {layer name: [mean attention weight on that pattern, one per head]}}."""
-        raise NotImplementedError
 
 
 def _lengths_to_tensor(lengths, device=None):
@@ -240,19 +240,6 @@ class ReversalTask(Task):
     def forward(self, model, batch, head_mask=None):
         return model(batch.src, valid_lens=batch.valid_lens, head_mask=head_mask)
 
-    @torch.no_grad()
-    def pattern_scores(self, model, examples):
-        batch = self.collate(examples, next(model.parameters()).device)
-        self.forward(model, batch)
-        L = batch.src.shape[1]
-        anti = torch.arange(L - 1, -1, -1)  # query i -> key L-1-i
-        return {
-            "anti_diagonal": {
-                name: w[:, :, torch.arange(L), anti].mean(dim=(0, 2)).cpu().tolist()  # (H,)
-                for name, w in model.attention_weights()
-            }
-        }
-
 
 # =====================================================================================================
 class InductionTask(Task):
@@ -293,6 +280,7 @@ class InductionTask(Task):
             tgt_in=tokens.to(device),
             tgt_out=targets.to(device),
             loss_mask=loss_mask.to(device),
+            tgt_valid_lens=torch.tensor([len(seq) for (seq,) in examples], device=device),  # right-padded runs
             examples=list(examples),
         )
 
@@ -311,34 +299,6 @@ class InductionTask(Task):
 
     def forward(self, model, batch, head_mask=None):
         return model(batch.tgt_in, head_mask=head_mask)
-
-    @torch.no_grad()
-    def pattern_scores(self, model, examples):
-        """previous_token: weight of query p on key p-1, for p in 1..n-1 (the first run);
-        induction: weight of query p on key p-n+1 (the token after the earlier copy), p in n..2n-2.
-
-        The previous-token pattern is measured on the first run because that is
-        where it is used: an induction head in the second run looks for the key
-        whose *previous* token equals its current one, and those keys all lie in
-        the first run. Nothing needs layer 0 to look back one step in the second
-        run, and the trained heads' patterns are more diffuse there.
-        """
-        batch = self.collate(examples, next(model.parameters()).device)
-        self.forward(model, batch)
-        prev_b, prev_q, prev_k = [], [], []  # (example, query, key) index triples
-        ind_b, ind_q, ind_k = [], [], []
-        for b, (seq,) in enumerate(examples):
-            n = len(seq) // 2
-            for p in range(1, n):
-                prev_b.append(b), prev_q.append(p), prev_k.append(p - 1)
-            for p in range(n, 2 * n - 1):
-                ind_b.append(b), ind_q.append(p), ind_k.append(p - n + 1)
-        scores = {"previous_token": {}, "induction": {}}
-        for name, w in model.attention_weights():  # (B, H, T, T)
-            w = w.permute(0, 2, 3, 1)  # (B, T, T, H)
-            scores["previous_token"][name] = w[prev_b, prev_q, prev_k].mean(0).cpu().tolist()
-            scores["induction"][name] = w[ind_b, ind_q, ind_k].mean(0).cpu().tolist()
-        return scores
 
 
 # =====================================================================================================
@@ -494,32 +454,6 @@ class DatesTask(Task):
         loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten())
         pred = self.predict(model, batch, None if head_mask is None else head_mask.detach())
         return loss, float((pred == batch.tgt_out).all(dim=1).float().mean())
-
-    @torch.no_grad()
-    def pattern_scores(self, model, examples):
-        """field_alignment: share of a cross-attention query's weight that falls on the source
-        characters of the field it is writing (year for y0..y3, month for m0..m1, day for d0..d1),
-        averaged over the 8 digit queries; year / month / day: the same for that field's queries only."""
-        batch = self.collate(examples, next(model.parameters()).device)
-        self.forward(model, batch)
-        fields_of_output = ["year"] * 4 + [None] + ["month"] * 2 + [None] + ["day"] * 2  # query t predicts char t
-        S = batch.src.shape[1]
-        target = torch.zeros(len(examples), self.target_len, S)  # (B, T, S): 1 on the right source span
-        for b, (_, iso, fmt) in enumerate(examples):
-            _, spans = render_date(datetime.date.fromisoformat(iso), fmt)
-            for t, field in enumerate(fields_of_output):
-                if field is not None:
-                    start, end = spans[field]
-                    target[b, t, start:end] = 1.0
-        out = {"field_alignment": {}, "year": {}, "month": {}, "day": {}}
-        for name, w in model.attention_weights():
-            if not name.endswith(".cross"):
-                continue
-            on_field = (w.cpu() * target[:, None]).sum(-1)  # (B, H, T): weight on the right source span
-            for key in out:
-                rows = [t for t, f in enumerate(fields_of_output) if f is not None and key in (f, "field_alignment")]
-                out[key][name] = on_field[:, :, rows].mean(dim=(0, 2)).tolist()  # (H,)
-        return out
 
 
 # =====================================================================================================

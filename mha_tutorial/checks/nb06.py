@@ -15,8 +15,9 @@ import math
 import torch
 
 from ..attention import masked_softmax
+from ..head_stats import normalized_entropy
+from ..maps import layer_masks
 from ..masks import causal_mask, padding_mask
-from ..viz import layer_masks, normalized_entropy
 from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed
 
 __all__ = ["check_normalized_entropy", "check_previous_token_score", "check_induction_score"]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mha_tutorial import viz
+from mha_tutorial import head_stats
 from mha_tutorial.checks import (
     CheckFailed,
     check_induction_score,
@@ -265,7 +265,7 @@ def test_the_checks_references_agree_with_independent_code():
     torch.testing.assert_close(nb06._previous_reference(w, lengths), previous_loops(w, lengths))
     torch.testing.assert_close(nb06._induction_variant(w, runs), induction_right(w, runs))
     torch.testing.assert_close(nb06._induction_reference(w, runs), induction_right(w, runs))
-    torch.testing.assert_close(nb06._entropy_variant(w, keep), viz.normalized_entropy(w, keep))
+    torch.testing.assert_close(nb06._entropy_variant(w, keep), head_stats.normalized_entropy(w, keep))
     torch.testing.assert_close(nb06._entropy_variant(w, keep), entropy_loops(w, keep).double())
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mha_tutorial import pruning
+from mha_tutorial.head_stats import pattern_scores
 from mha_tutorial.model import build_model
 from mha_tutorial.tasks import TASKS, get_task
 from mha_tutorial.train import CHECKPOINT_DIR, evaluate, load_pretrained, read_checkpoint, train
@@ -50,26 +51,26 @@ def untrained(name):
 
 def test_reversal_head_is_anti_diagonal(pretrained):
     task, rows = get_task("reversal"), get_task("reversal").load_split("eval")[:300]
-    trained = task.pattern_scores(pretrained["reversal"], rows)["anti_diagonal"]["enc.0.self"]
-    baseline = task.pattern_scores(untrained("reversal"), rows)["anti_diagonal"]["enc.0.self"]
+    trained = pattern_scores(pretrained["reversal"], task.name, rows)["anti_diagonal"]["enc.0.self"]
+    baseline = pattern_scores(untrained("reversal"), task.name, rows)["anti_diagonal"]["enc.0.self"]
     assert max(trained) > 0.95 and max(baseline) < 0.3
 
 
 def test_induction_has_previous_token_and_induction_heads(pretrained):
     task, rows = get_task("induction"), get_task("induction").load_split("eval")[:300]
-    scores = task.pattern_scores(pretrained["induction"], rows)
+    scores = pattern_scores(pretrained["induction"], task.name, rows)
     assert max(scores["previous_token"]["dec.0.self"]) > 0.8  # layer 0 looks one step back
     assert max(scores["induction"]["dec.1.self"]) > 0.85  # layer 1 looks after the earlier copy
     # ... and not the other way round: the roles belong to the layers.
     assert max(scores["induction"]["dec.0.self"]) < 0.5 and max(scores["previous_token"]["dec.1.self"]) < 0.5
-    baseline = task.pattern_scores(untrained("induction"), rows)
+    baseline = pattern_scores(untrained("induction"), task.name, rows)
     assert max(baseline["previous_token"]["dec.0.self"]) < 0.5 and max(baseline["induction"]["dec.1.self"]) < 0.3
 
 
 def test_dates_cross_attention_reads_the_right_field(pretrained):
     task, rows = get_task("dates"), get_task("dates").load_split("eval")[:300]
-    scores = task.pattern_scores(pretrained["dates"], rows)
-    baseline = task.pattern_scores(untrained("dates"), rows)
+    scores = pattern_scores(pretrained["dates"], task.name, rows)
+    baseline = pattern_scores(untrained("dates"), task.name, rows)
     for field in ("year", "month", "day"):
         assert max(scores[field]["dec.0.cross"]) > 0.7, field
         assert max(baseline[field]["dec.0.cross"]) < 0.45, field

@@ -15,7 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from mha_tutorial import viz  # noqa: E402
+from mha_tutorial import head_stats, viz  # noqa: E402
+from mha_tutorial import maps as attention_maps  # noqa: E402
 from mha_tutorial.masks import causal_mask  # noqa: E402
 from mha_tutorial.model import build_model  # noqa: E402
 from mha_tutorial.tasks import get_task, load_split  # noqa: E402
@@ -147,7 +148,7 @@ def test_grid_refuses_nan_where_the_mask_allows_attention():
 def test_collect_reversal_matches_a_direct_forward_pass(models):
     model, task = models["reversal"], get_task("reversal")
     example = load_split("reversal")[3]
-    maps = viz.collect_attention(model, "reversal", example)
+    maps = attention_maps.collect_attention(model, "reversal", example)
     with torch.no_grad():
         task.forward(model, task.collate([example]))
     direct = model.attention_weights()[0][1][0]  # (H, Q, K)
@@ -160,7 +161,7 @@ def test_collect_reversal_matches_a_direct_forward_pass(models):
 
 def test_collect_induction_cuts_the_padding_and_marks_the_future(models):
     seq = load_split("induction")[0][0]
-    maps = viz.collect_attention(models["induction"], "induction", (seq,))
+    maps = attention_maps.collect_attention(models["induction"], "induction", (seq,))
     T = len(seq)
     assert [tuple(w.shape) for w in maps.weights] == [(4, T, T)] * 2
     assert maps.query_labels[0] == list(seq) == maps.key_labels[1]
@@ -172,7 +173,7 @@ def test_collect_induction_cuts_the_padding_and_marks_the_future(models):
 
 def test_collect_dates_labels_and_padding(models):
     src, iso, fmt = next(e for e in load_split("dates") if e[2] == "{d} {Mon} {Y}")
-    maps = viz.collect_attention(models["dates"], "dates", (src, iso, fmt), pad_to=len(src) + 3)
+    maps = attention_maps.collect_attention(models["dates"], "dates", (src, iso, fmt), pad_to=len(src) + 3)
     S = len(src) + 3
     by_name = dict(zip(maps.layer_names, range(4), strict=True))
     enc, dec, cross = by_name["enc.0.self"], by_name["dec.0.self"], by_name["dec.0.cross"]
@@ -185,13 +186,13 @@ def test_collect_dates_labels_and_padding(models):
         assert float(maps.weights[i][..., len(src) :].abs().max()) == 0.0  # padding gets exactly 0
     assert torch.equal(maps.keep[dec], causal_mask(10))
     with pytest.raises(ValueError, match="shorter"):
-        viz.collect_attention(models["dates"], "dates", (src, iso, fmt), pad_to=3)
+        attention_maps.collect_attention(models["dates"], "dates", (src, iso, fmt), pad_to=3)
     with pytest.raises(ValueError, match="no padding"):
-        viz.collect_attention(models["reversal"], "reversal", load_split("reversal")[0], pad_to=12)
+        attention_maps.collect_attention(models["reversal"], "reversal", load_split("reversal")[0], pad_to=12)
 
 
 def test_select_and_relabel(models):
-    maps = viz.collect_attention(models["dates"], "dates", load_split("dates")[0])
+    maps = attention_maps.collect_attention(models["dates"], "dates", load_split("dates")[0])
     cross = maps.select("dec.0.cross")
     assert cross.layer_names == ["dec.0.cross"] and len(cross.weights) == 1
     assert cross.relabel(list("0123456789")).query_labels == [list("0123456789")]
@@ -201,20 +202,20 @@ def test_select_and_relabel(models):
 
 def test_average_of_equal_length_examples_is_the_plain_mean(models):
     rows = load_split("reversal")[:30]
-    avg = viz.average_attention(models["reversal"], "reversal", rows, batch_size=7)  # several batches
-    single = torch.stack([viz.collect_attention(models["reversal"], "reversal", r).weights[0] for r in rows])
+    avg = attention_maps.average_attention(models["reversal"], "reversal", rows, batch_size=7)  # several batches
+    single = torch.stack([attention_maps.collect_attention(models["reversal"], "reversal", r).weights[0] for r in rows])
     torch.testing.assert_close(avg.weights[0], single.mean(0))
     assert avg.count == 30 and avg.query_labels[0] == [str(i) for i in range(10)]
 
 
 def test_average_over_variable_lengths_counts_each_cell_where_it_exists(models):
     rows = load_split("dates")[:12]  # sources of different lengths
-    avg = viz.average_attention(models["dates"], "dates", rows, batch_size=5)
+    avg = attention_maps.average_attention(models["dates"], "dates", rows, batch_size=5)
     i = avg.layer_names.index("dec.0.cross")
     S = max(len(r[0]) for r in rows)
     total, count = torch.zeros(4, 10, S), torch.zeros(10, S)
     for r in rows:  # reference: one example at a time, a cell counts where the source has a character
-        w = viz.collect_attention(models["dates"], "dates", r).weights[3]  # (H, 10, len)
+        w = attention_maps.collect_attention(models["dates"], "dates", r).weights[3]  # (H, 10, len)
         total[:, :, : w.shape[2]] += w
         count[:, : w.shape[2]] += 1
     torch.testing.assert_close(avg.weights[i], total / count)
@@ -226,7 +227,7 @@ def test_average_over_variable_lengths_counts_each_cell_where_it_exists(models):
 
 def test_average_of_induction_keeps_only_positions_some_example_reaches(models):
     rows = [e for e in load_split("induction") if len(e[0]) == 12][:20]  # run length 6
-    avg = viz.average_attention(models["induction"], "induction", rows)
+    avg = attention_maps.average_attention(models["induction"], "induction", rows)
     assert [tuple(w.shape) for w in avg.weights] == [(4, 12, 12)] * 2
     assert torch.equal(avg.keep[0], causal_mask(12))
     assert bool(avg.weights[0][:, ~avg.keep[0]].isnan().all())  # undefined cells are NaN, and masked
@@ -259,35 +260,35 @@ def test_normalized_entropy_matches_loops_and_its_extremes():
         torch.randn(B, H, T, T, generator=g, dtype=torch.float64).masked_fill(~keep[:, None], -torch.inf), -1
     )
     w = w.nan_to_num(0.0)
-    torch.testing.assert_close(viz.normalized_entropy(w, keep), _loop_entropy(w, keep))
+    torch.testing.assert_close(head_stats.normalized_entropy(w, keep), _loop_entropy(w, keep))
     uniform = keep[:, None].double().expand(B, H, T, T) / keep.sum(-1)[:, None, :, None].clamp_min(1)
-    torch.testing.assert_close(viz.normalized_entropy(uniform, keep), torch.ones(H, dtype=torch.float64))
+    torch.testing.assert_close(head_stats.normalized_entropy(uniform, keep), torch.ones(H, dtype=torch.float64))
     one_hot = torch.zeros(B, H, T, T, dtype=torch.float64)
     one_hot[..., 0] = 1.0
-    torch.testing.assert_close(viz.normalized_entropy(one_hot, keep), torch.zeros(H, dtype=torch.float64))
+    torch.testing.assert_close(head_stats.normalized_entropy(one_hot, keep), torch.zeros(H, dtype=torch.float64))
     single = causal_mask(1)[None]  # one query, one key: nothing counts
-    assert bool(viz.normalized_entropy(torch.ones(1, 2, 1, 1), single).isnan().all())
+    assert bool(head_stats.normalized_entropy(torch.ones(1, 2, 1, 1), single).isnan().all())
     with pytest.raises(ValueError, match="keep"):
-        viz.normalized_entropy(w, keep[0])
+        head_stats.normalized_entropy(w, keep[0])
 
 
 def test_head_stats_shapes_keys_and_ranges(models):
     for name, model in models.items():
-        stats = viz.head_stats(model, name, load_split(name)[:40])
+        stats = head_stats.head_stats(model, name, load_split(name)[:40])
         L, H = model.num_attention_layers, model.num_heads
         for key in ("entropy", "distance", "confidence", "first", "self", "prev", "next", "tv_to_nearest"):
             assert tuple(stats[key].shape) == (L, H), key
         for key in ("entropy", "confidence", "first", "tv_to_nearest"):
             v = stats[key]
             assert bool(((v >= -1e-6) & (v <= 1 + 1e-6)).all()), key
-        for key in viz.PATTERN_KEYS[name]:
+        for key in head_stats.PATTERN_KEYS[name]:
             assert tuple(stats[key].shape) == (L, H)
 
 
 def test_head_stats_match_plain_loops_on_induction(models):
     model, task = models["induction"], get_task("induction")
     rows = load_split("induction")[:25]
-    stats = viz.head_stats(model, "induction", rows)
+    stats = head_stats.head_stats(model, "induction", rows)
     batch = task.collate(rows)
     with torch.no_grad():
         task.forward(model, batch)
@@ -306,14 +307,14 @@ def test_head_stats_match_plain_loops_on_induction(models):
                 prev_counted += 1
         for key in ("entropy", "distance", "confidence", "prev"):
             torch.testing.assert_close(stats[key][l].double(), sums[key] / rows_counted, rtol=1e-5, atol=1e-5)
-    pattern = task.pattern_scores(model, rows)
+    pattern = head_stats.pattern_scores(model, task.name, rows)
     for key in ("previous_token", "induction"):
         for l, name in enumerate(["dec.0.self", "dec.1.self"]):
             torch.testing.assert_close(stats[key][l], torch.tensor(pattern[key][name]))
 
 
 def test_distance_is_undefined_for_cross_attention(models):
-    stats = viz.head_stats(models["dates"], "dates", load_split("dates")[:20])
+    stats = head_stats.head_stats(models["dates"], "dates", load_split("dates")[:20])
     assert bool(stats["distance"][3].isnan().all()) and not bool(stats["distance"][:3].isnan().any())
     assert bool(stats["field_alignment"][:3].isnan().all()) and not bool(stats["field_alignment"][3].isnan().any())
 
@@ -328,7 +329,7 @@ def test_tv_to_nearest_is_zero_for_identical_heads():
         for W in (layer.W_q, layer.W_k):
             W.weight[d : 2 * d] = W.weight[:d]
             W.bias[d : 2 * d] = W.bias[:d]
-    stats = viz.head_stats(model, "reversal", load_split("reversal")[:20])
+    stats = head_stats.head_stats(model, "reversal", load_split("reversal")[:20])
     assert float(stats["tv_to_nearest"][0, 0]) < 1e-6 and float(stats["tv_to_nearest"][0, 1]) < 1e-6
     assert float(stats["tv_to_nearest"][0, 2]) > 0.01
 
@@ -337,7 +338,7 @@ def test_head_stats_restores_training_mode(models):
     model = models["reversal"]
     model.train()
     try:
-        viz.head_stats(model, "reversal", load_split("reversal")[:5])
+        head_stats.head_stats(model, "reversal", load_split("reversal")[:5])
         assert model.training
     finally:
         model.eval()
@@ -346,14 +347,14 @@ def test_head_stats_restores_training_mode(models):
 def test_untrained_heads_are_nearly_uniform():
     torch.manual_seed(0)
     model = build_model(get_task("reversal").default_config()).eval()
-    stats = viz.head_stats(model, "reversal", load_split("reversal")[:50])
+    stats = head_stats.head_stats(model, "reversal", load_split("reversal")[:50])
     assert bool((stats["entropy"] > 0.85).all())
     assert bool((stats["anti_diagonal"] < 0.2).all())
 
 
 # ============================================================================ roles
 def _stats(**values):
-    base = {k: torch.full((1, 1), float("nan")) for k in viz.STAT_KEYS}
+    base = {k: torch.full((1, 1), float("nan")) for k in head_stats.STAT_KEYS}
     base.update(entropy=torch.tensor([[0.5]]), tv_to_nearest=torch.tensor([[1.0]]))
     base.update({k: torch.tensor([[v]]) for k, v in values.items()})
     return base
@@ -373,19 +374,22 @@ def _stats(**values):
     ],
 )
 def test_role_rules(values, role):
-    assert viz.role_labels(_stats(**values)) == [[role]]
+    assert head_stats.role_labels(_stats(**values)) == [[role]]
 
 
 def test_role_thresholds_are_parameters():
     stats = _stats(induction=0.45)
-    assert viz.role_labels(stats) == [["mixed"]]
-    assert viz.role_labels(stats, pattern_threshold=0.4) == [["induction"]]
+    assert head_stats.role_labels(stats) == [["mixed"]]
+    assert head_stats.role_labels(stats, pattern_threshold=0.4) == [["induction"]]
     with pytest.raises(ValueError, match="head_stats"):
-        viz.role_labels({"confidence": torch.zeros(1, 1)})
+        head_stats.role_labels({"confidence": torch.zeros(1, 1)})
 
 
 def test_roles_of_the_committed_models(models):
-    roles = {name: viz.role_labels(viz.head_stats(m, name, load_split(name)[:200])) for name, m in models.items()}
+    roles = {
+        name: head_stats.role_labels(head_stats.head_stats(m, name, load_split(name)[:200]))
+        for name, m in models.items()
+    }
     assert roles["reversal"] == [["anti-diagonal (redundant)"] * 4]
     assert roles["induction"][0][:3] == ["previous-token"] * 3
     assert roles["induction"][1] == ["induction"] * 4
@@ -394,23 +398,23 @@ def test_roles_of_the_committed_models(models):
 
 def test_stats_table_and_chart(models):
     model = models["induction"]
-    stats = viz.head_stats(model, "induction", load_split("induction")[:20])
-    roles = viz.role_labels(stats)
+    stats = head_stats.head_stats(model, "induction", load_split("induction")[:20])
+    roles = head_stats.role_labels(stats)
     names = [n for n, _ in model.attention_layers()]
-    table = viz.stats_table(stats, names, roles, columns=["entropy", "induction"])
+    table = head_stats.stats_table(stats, names, roles, columns=["entropy", "induction"])
     assert list(table.columns) == ["entropy", "induction", "role"]
     assert table.index.names == ["layer", "head"] and len(table) == 8
     assert table.loc[("dec.1.self", 3), "role"] == roles[1][3]
-    fig = viz.plot_head_stats(stats, names, roles, ["entropy", "induction", "distance"], "t")
+    fig = head_stats.plot_head_stats(stats, names, roles, ["entropy", "induction", "distance"], "t")
     assert len(fig.axes) == 3
     assert fig.axes[0].get_yticklabels()[7].get_text() == f"dec.1.self h3: {roles[1][3]}"
     with pytest.raises(ValueError, match="unknown statistics"):
-        viz.plot_head_stats(stats, names, roles, ["nope"], "t")
+        head_stats.plot_head_stats(stats, names, roles, ["nope"], "t")
     with pytest.raises(ValueError, match="layer names"):
-        viz.stats_table(stats, names[:1])
+        head_stats.stats_table(stats, names[:1])
 
 
 def test_display_and_date_labels():
     assert viz.display_token(" ") == "␣" and viz.display_token("a") == "a"
-    assert viz.date_field_labels("{dd}.{mm}.{Y}") == list("dd.mm.YYYY")
-    assert viz.date_field_labels("{Y}.{mm}.{dd}") == list("YYYY.mm.dd")
+    assert attention_maps.date_field_labels("{dd}.{mm}.{Y}") == list("dd.mm.YYYY")
+    assert attention_maps.date_field_labels("{Y}.{mm}.{dd}") == list("YYYY.mm.dd")
