@@ -16,30 +16,21 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .masks import as_valid_lens, check_mask, check_valid_lens, padding_mask
+from . import _validate as validate
+from .masks import padding_mask
 
 
 def _keep_mask(shape: tuple, device, valid_lens=None, mask=None) -> torch.Tensor | None:
-    """Validate ``valid_lens`` and ``mask`` against scores of ``shape`` and combine them.
+    """``valid_lens`` (validated) and/or ``mask`` as one bool keep-mask that broadcasts to scores of ``shape``.
 
-    Returns a bool tensor that broadcasts to ``shape`` (True = may attend), or
-    None when nothing is masked. ``valid_lens`` indexes the first axis of the
-    scores; the axes between the first and the last two are broadcast.
+    None when nothing is masked. ``valid_lens`` indexes the first axis of the scores; the axes between the
+    first and the last two are broadcast.
     """
-    shape = tuple(shape)
     keep = None
     if valid_lens is not None:
-        if len(shape) < 3:
-            raise ValueError(
-                f"valid_lens needs scores with a batch axis, (B, Q, K) or (B, ..., Q, K), got shape {shape}"
-            )
-        valid_lens = as_valid_lens(valid_lens).to(device)
-        batch, num_queries, num_keys = shape[0], shape[-2], shape[-1]
-        check_valid_lens(valid_lens, batch, num_queries, num_keys)
-        keep = padding_mask(valid_lens, num_keys)  # (B, 1 or Q, K)
-        keep = keep.view(batch, *([1] * (len(shape) - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
+        keep = padding_mask(valid_lens, shape[-1])  # (B, 1 or Q, K)
+        keep = keep.view(shape[0], *([1] * (len(shape) - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
     if mask is not None:
-        check_mask(mask, shape)
         mask = mask.to(device)
         keep = mask if keep is None else keep & mask
     return keep
@@ -79,39 +70,8 @@ def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Te
     (not NaN, not uniform) in float32, float16 and bfloat16, and its gradient
     is finite.
     """
-    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
-        raise TypeError(f"scores must be a floating tensor, got {getattr(scores, 'dtype', type(scores))}")
-    if scores.dim() < 2:
-        raise ValueError(f"scores must have shape (..., Q, K), got {tuple(scores.shape)}")
+    valid_lens = validate.softmax_args(scores, valid_lens, mask)
     return _softmax_over_keys(scores, _keep_mask(scores.shape, scores.device, valid_lens, mask))
-
-
-def _check_qkv(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-    for name, x in (("queries", queries), ("keys", keys), ("values", values)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-        if x.dim() not in (3, 4):
-            raise ValueError(f"{name} must be 3-D (B, T, d) or 4-D (B, H, T, d), got shape {tuple(x.shape)}")
-    if not (queries.dim() == keys.dim() == values.dim()):
-        raise ValueError(
-            f"queries, keys and values must have the same number of dimensions, got shapes "
-            f"{tuple(queries.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}"
-        )
-    if queries.shape[:-2] != keys.shape[:-2] or keys.shape[:-2] != values.shape[:-2]:
-        raise ValueError(
-            f"queries, keys and values must share their leading (batch/head) sizes, got shapes "
-            f"{tuple(queries.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}"
-        )
-    if keys.shape[-2] != values.shape[-2]:
-        raise ValueError(
-            f"keys and values must have the same length, got {keys.shape[-2]} keys "
-            f"(shape {tuple(keys.shape)}) and {values.shape[-2]} values (shape {tuple(values.shape)})"
-        )
-    if queries.shape[-1] != keys.shape[-1]:
-        raise ValueError(
-            f"queries and keys must have the same feature size to take dot products, got "
-            f"{queries.shape[-1]} (shape {tuple(queries.shape)}) and {keys.shape[-1]} (shape {tuple(keys.shape)})"
-        )
 
 
 def scaled_dot_product_attention(
@@ -131,10 +91,7 @@ def scaled_dot_product_attention(
     Dropout (when ``training`` and ``dropout_p > 0``) is applied to the weights
     used for the output; the returned weights are the ones before dropout.
     """
-    _check_qkv(queries, keys, values)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
-    # Check the masks against the (B, [H,] Q, K) scores before computing them.
+    valid_lens = validate.attention(queries, keys, values, valid_lens, mask, dropout_p)  # before any arithmetic
     keep = _keep_mask((*queries.shape[:-1], keys.shape[-2]), queries.device, valid_lens, mask)
     d = queries.shape[-1]
     # Scale the (B, Q, d) queries rather than the (B, Q, K) scores: same result, fewer multiplications.
@@ -150,8 +107,7 @@ class DotProductAttention(nn.Module):
 
     def __init__(self, dropout: float = 0.0):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        validate.dropout(dropout)
         self.dropout = dropout
         self.attention_weights: torch.Tensor | None = None
 

@@ -15,56 +15,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _shape(x) -> tuple:
-    return tuple(x.shape)
-
-
-def as_valid_lens(valid_lens) -> torch.Tensor:
-    """Accept a list or tensor of lengths and return an integer tensor.
-
-    Raises ``TypeError`` for floating or bool tensors: a length is a count.
-    """
-    if not isinstance(valid_lens, torch.Tensor):
-        valid_lens = torch.as_tensor(valid_lens)
-    if valid_lens.dtype == torch.bool or valid_lens.is_floating_point() or valid_lens.is_complex():
-        raise TypeError(f"valid_lens must be an integer tensor (lengths are counts), got dtype {valid_lens.dtype}")
-    return valid_lens
-
-
-def _check_range(valid_lens: torch.Tensor, num_keys: int) -> None:
-    if valid_lens.numel() and (valid_lens.min() < 0 or valid_lens.max() > num_keys):
-        raise ValueError(
-            f"valid_lens values must lie in [0, {num_keys}] (there are {num_keys} keys), "
-            f"got min {int(valid_lens.min())} and max {int(valid_lens.max())}"
-        )
-
-
-def check_valid_lens(valid_lens: torch.Tensor, batch_size: int, num_queries: int, num_keys: int) -> None:
-    """Raise ``ValueError`` unless ``valid_lens`` is (B,) or (B, Q) with values in [0, K]."""
-    shape = _shape(valid_lens)
-    if shape not in ((batch_size,), (batch_size, num_queries)):
-        raise ValueError(
-            f"valid_lens has shape {shape}, expected ({batch_size},) or ({batch_size}, {num_queries}) "
-            f"for a batch of {batch_size} with {num_queries} queries"
-        )
-    _check_range(valid_lens, num_keys)
-
-
-def check_mask(mask: torch.Tensor, shape: tuple) -> None:
-    """Raise unless ``mask`` is a bool tensor that broadcasts to ``shape``."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        what = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(
-            f"mask must be a bool tensor with True = may attend, got {what}; "
-            "convert additive float masks with additive_to_bool()"
-        )
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != torch.Size(shape):
-        raise ValueError(f"mask of shape {_shape(mask)} does not broadcast to the scores' shape {tuple(shape)}")
+from ._validate import _check_range, _shape, as_valid_lens, check_mask, check_valid_lens  # noqa: F401 (re-exported)
 
 
 def padding_mask(valid_lens, num_keys: int) -> torch.Tensor:

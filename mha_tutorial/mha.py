@@ -19,9 +19,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import _validate as validate
 from .attention import DotProductAttention
 from .heads import transpose_output, transpose_qkv
-from .masks import as_valid_lens, causal_mask, check_mask, check_valid_lens, combine_masks
+from .masks import causal_mask, combine_masks
 
 
 class MultiHeadAttention(nn.Module):
@@ -51,27 +52,9 @@ class MultiHeadAttention(nn.Module):
         value_size: int | None = None,
     ):
         super().__init__()
-        for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-        if num_heads < 1 or num_hiddens < 1:
-            raise ValueError(f"num_hiddens and num_heads must be positive, got {num_hiddens} and {num_heads}")
-        if num_hiddens % num_heads:
-            raise ValueError(
-                f"num_hiddens={num_hiddens} is not divisible by num_heads={num_heads}: "
-                f"each head needs num_hiddens / num_heads features"
-            )
-        for name, value in (("bias", bias), ("out_bias", out_bias)):
-            if not isinstance(value, bool) and not (name == "out_bias" and value is None):
-                raise TypeError(
-                    f"{name} must be True or False{' or None' if name == 'out_bias' else ''}, got {value!r}"
-                )
+        validate.mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, value_size)
         self.num_hiddens, self.num_heads = num_hiddens, num_heads
         self.head_size = num_hiddens // num_heads
-        sizes = {"query_size": query_size, "key_size": key_size, "value_size": value_size}
-        for name, size in sizes.items():
-            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-                raise ValueError(f"{name} must be a positive int or None (= num_hiddens), got {size!r}")
         self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
         self.W_k = nn.Linear(key_size or num_hiddens, num_hiddens, bias=bias)
         self.W_v = nn.Linear(value_size or num_hiddens, num_hiddens, bias=bias)
@@ -81,47 +64,9 @@ class MultiHeadAttention(nn.Module):
         self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
         self.pruned_heads: list[int] = []
 
-    def check_inputs(  # noqa: C901 -- known debt: validation moves to one module (issue 10)
-        self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, is_causal=False
-    ):
+    def check_inputs(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, is_causal=False):
         """Raise a clear error for inputs that do not fit; return ``valid_lens`` as a tensor."""
-        if not isinstance(is_causal, bool):
-            raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
-        for name, x, layer in (("queries", queries, self.W_q), ("keys", keys, self.W_k), ("values", values, self.W_v)):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-            if x.dim() != 3:
-                raise ValueError(f"{name} must have shape (batch, steps, features), got {tuple(x.shape)}")
-            if x.shape[-1] != layer.in_features:
-                raise ValueError(
-                    f"{name} have {x.shape[-1]} features (shape {tuple(x.shape)}) but the projection "
-                    f"expects {layer.in_features}"
-                )
-        if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
-            raise ValueError(
-                f"queries, keys and values must have the same batch size, got shapes "
-                f"{tuple(queries.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}"
-            )
-        if keys.shape[1] != values.shape[1]:
-            raise ValueError(
-                f"keys and values must have the same length, got shapes {tuple(keys.shape)} and {tuple(values.shape)}"
-            )
-        batch, num_queries, num_keys = queries.shape[0], queries.shape[1], keys.shape[1]
-        if valid_lens is not None:
-            valid_lens = as_valid_lens(valid_lens).to(queries.device)
-            check_valid_lens(valid_lens, batch, num_queries, num_keys)
-        if mask is not None:
-            check_mask(mask, (batch, self.num_heads, num_queries, num_keys))
-        if head_mask is not None:
-            if not isinstance(head_mask, torch.Tensor):
-                raise TypeError(
-                    f"head_mask must be a tensor of shape ({self.num_heads},), got {type(head_mask).__name__}"
-                )
-            if tuple(head_mask.shape) != (self.num_heads,):
-                raise ValueError(
-                    f"head_mask must have shape ({self.num_heads},) (one gate per head), got {tuple(head_mask.shape)}"
-                )
-        return valid_lens
+        return validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
 
     def _fold_mask(self, mask, batch: int):
         """A mask broadcastable to (B, H, Q, K) -> one broadcastable to (B*H, Q, K)."""
