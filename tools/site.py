@@ -34,6 +34,8 @@ API_MODULES = [
     "model",
     "train",
     "viz",
+    "maps",
+    "head_stats",
     "pruning",
     "bench",
     "checks",
