@@ -1,20 +1,33 @@
 """The student edition (make student): every solution stubbed, every check kept, and it runs.
 
-Each notebook's student edition is executed top to bottom with nbclient. A stub cell must
+Each notebook's student edition is executed top to bottom with nbclient, as a learner without the
+repository would run it: in a fresh venv holding the package installed from its wheel, from a folder
+outside the checkout (so this also proves that every notebook works from a plain install). A stub cell must
 raise NotImplementedError (its ``raises-exception`` tag lets it); every other cell must run
 without error, which includes the check cells: on a stub they report "not attempted yet".
 """
 
+import subprocess
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from tools.student import stub_source, student_edition
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+EXECUTE = """
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(Path(sys.argv[1]).parent)}}).execute()
+nbformat.write(nb, sys.argv[1])
+"""
 
 
 def test_stub_keeps_signatures_and_hint_and_raises():
@@ -38,7 +51,7 @@ def test_a_solution_without_markers_or_definitions_is_refused():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_student_edition_runs_with_only_the_stubs_raising(path, tmp_path):
+def test_student_edition_runs_with_only_the_stubs_raising(path, tmp_path, wheel_python):
     full = nbformat.read(path, as_version=4)
     nb, count = student_edition(full)
     solutions = sum("solution" in c.metadata.get("tags", []) for c in full.cells)
@@ -46,7 +59,16 @@ def test_student_edition_runs_with_only_the_stubs_raising(path, tmp_path):
     if count == 0:
         pytest.skip(f"{path.name} has no exercises")
     assert not any("BEGIN SOLUTION" in c.source for c in nb.cells)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    # Run it as a learner without the repository would: the package installed from its wheel (not editable),
+    # the notebook in a folder of its own.
+    python, _ = wheel_python
+    copy = tmp_path / path.name
+    nbformat.write(nb, copy)
+    result = subprocess.run(
+        [python, "-c", EXECUTE, str(copy)], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    nb = nbformat.read(copy, as_version=4)
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
