@@ -35,9 +35,9 @@ student: install
 	$(PY) tools/student.py --out build/student $(NOTEBOOKS)
 
 ## Lint, then the unit tests (student edition and site included) and strict nbval over every notebook, side by
-## side: much of both is single-threaded notebook execution, so on two cores they take little more than the longer.
+## side with one PyTorch thread each: the models are tiny, so two single-threaded jobs use two cores best.
 test: lint
-	$(MAKE) --no-print-directory -j2 --output-sync=target unit nbval
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target unit nbval
 
 lint: install
 	$(VENV)/bin/ruff check mha_tutorial tests notebooks tools
