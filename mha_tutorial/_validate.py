@@ -172,7 +172,7 @@ def mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, val
             raise ValueError(f"{name} must be a positive int or None (= num_hiddens), got {size!r}")
 
 
-def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_causal):  # noqa: C901
+def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_causal):
     """``MultiHeadAttention.forward``: inputs against the module's sizes; returns ``valid_lens`` as a tensor."""
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
@@ -199,12 +199,8 @@ def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_ca
         raise ValueError(
             f"keys and values must have the same length, got shapes {tuple(keys.shape)} and {tuple(values.shape)}"
         )
-    batch, num_queries, num_keys = queries.shape[0], queries.shape[1], keys.shape[1]
-    if valid_lens is not None:
-        valid_lens = as_valid_lens(valid_lens).to(queries.device)
-        check_valid_lens(valid_lens, batch, num_queries, num_keys)
-    if mask is not None:
-        check_mask(mask, (batch, module.num_heads, num_queries, num_keys))
+    shape = (queries.shape[0], module.num_heads, queries.shape[1], keys.shape[1])  # the scores' (B, H, Q, K)
+    valid_lens = masks_for(shape, queries.device, valid_lens, mask)
     if head_mask is not None:
         if not isinstance(head_mask, torch.Tensor):
             raise TypeError(
