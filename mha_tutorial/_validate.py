@@ -122,6 +122,12 @@ def qkv(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None
             raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
         if x.dim() not in (3, 4):
             raise ValueError(f"{name} must be 3-D (B, T, d) or 4-D (B, H, T, d), got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor (weights are fractions), got dtype {x.dtype}")
+    if not (queries.dtype == keys.dtype == values.dtype):
+        raise TypeError(
+            f"queries, keys and values must have one dtype, got {queries.dtype}, {keys.dtype}, {values.dtype}"
+        )
     if not (queries.dim() == keys.dim() == values.dim()):
         raise ValueError(
             f"queries, keys and values must have the same number of dimensions, got shapes "
@@ -172,6 +178,84 @@ def mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, val
             raise ValueError(f"{name} must be a positive int or None (= num_hiddens), got {size!r}")
 
 
+def seq_first_inputs(module, query, key, value, mask, need_weights) -> None:
+    """``SeqFirstMultiHeadAttention.forward``: [seq, batch, features] tensors and a bool [Q, K, B] mask."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have shape [seq, batch, features], got {list(x.shape)}")
+    # The batch-first checks on batch-first views (no copies).
+    mha_inputs(module, query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), None, None, None, False)
+    if not isinstance(need_weights, bool):
+        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        what = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor [Q, K, B] with True = may attend, got {what}")
+    shape = (query.shape[0], key.shape[0], query.shape[1])
+    fits = mask.dim() == 3 and mask.shape[1] == shape[1] and mask.shape[0] in (1, shape[0])
+    if not (fits and mask.shape[2] in (1, shape[2])):
+        raise ValueError(f"mask must have shape [Q, K, B] = {list(shape)} (Q or B may be 1), got {list(mask.shape)}")
+
+
+def head_numbers(heads, head_ids: list, num_original: int, where: str = "") -> list:
+    """Heads to prune, in their original numbering, against the heads still present; returns them as a list."""
+    if isinstance(heads, torch.Tensor | str) or not hasattr(heads, "__iter__"):
+        raise TypeError(f"{where}heads must be a list of head numbers, got {type(heads).__name__}")
+    heads = list(heads)
+    for h in heads:
+        if isinstance(h, bool) or not isinstance(h, int):
+            raise TypeError(f"{where}head numbers must be ints, got {h!r} in {heads}")
+        if not 0 <= h < num_original:
+            raise ValueError(
+                f"{where}head {h} is out of range: this layer was built with {num_original} heads "
+                f"(0..{num_original - 1})"
+            )
+    if len(set(heads)) != len(heads):
+        raise ValueError(f"{where}head numbers must not repeat, got {heads}")
+    already = sorted(set(heads) - set(head_ids))
+    if already:
+        raise ValueError(f"{where}heads {already} are already pruned (heads left: {head_ids})")
+    return heads
+
+
+def prune_request(heads, layers: list, num_heads: int) -> dict:
+    """``model.prune_heads({layer: [heads]})``: layer numbers or names and every layer's heads, all checked
+    before anything changes; returns ``{layer index: [heads]}``."""
+    names = [name for name, _ in layers]
+    if not isinstance(heads, dict):
+        raise TypeError(f"prune_heads takes a dict {{layer: [heads]}}, got {type(heads).__name__}")
+    resolved = {}
+    for key, chosen in heads.items():
+        if isinstance(key, str) and key in names:
+            index = names.index(key)
+        elif isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(layers):
+            index = key
+        elif isinstance(key, str):
+            raise ValueError(f"unknown attention layer {key!r}; layers: {names}")
+        else:
+            raise ValueError(f"layer {key!r} is not a layer number in [0, {len(layers) - 1}] or a name in {names}")
+        if index in resolved:
+            raise ValueError(f"layer {names[index]} is named twice in {heads}")
+        resolved[index] = head_numbers(chosen, layers[index][1].head_ids, num_heads, f"{names[index]}: ")
+    return resolved
+
+
+def model_head_mask(head_mask, layers: list, num_heads: int) -> None:
+    """A model's ``head_mask``: a tensor (num_attention_layers, num_heads), rows in ``layers``' order."""
+    L, H = len(layers), num_heads
+    if not isinstance(head_mask, torch.Tensor):
+        raise TypeError(f"head_mask must be a tensor of shape ({L}, {H}), got {type(head_mask).__name__}")
+    if tuple(head_mask.shape) != (L, H):
+        names = ", ".join(name for name, _ in layers)
+        raise ValueError(
+            f"head_mask must have shape (num_attention_layers, num_heads) = ({L}, {H}), one row per "
+            f"attention layer in the order [{names}]; got shape {tuple(head_mask.shape)}"
+        )
+
+
 def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_causal):
     """``MultiHeadAttention.forward``: inputs against the module's sizes; returns ``valid_lens`` as a tensor."""
     if not isinstance(is_causal, bool):
@@ -189,6 +273,11 @@ def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_ca
             raise ValueError(
                 f"{name} have {x.shape[-1]} features (shape {tuple(x.shape)}) but the projection "
                 f"expects {layer.in_features}"
+            )
+        if x.dtype != layer.weight.dtype and not (x.is_floating_point() and torch.is_autocast_enabled(x.device.type)):
+            raise TypeError(
+                f"{name} have dtype {x.dtype} but the module's weights are {layer.weight.dtype}: convert one of "
+                f"them, e.g. {name}.to({layer.weight.dtype}) or module.to({x.dtype})"
             )
     if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
         raise ValueError(
@@ -211,3 +300,34 @@ def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_ca
                 f"head_mask must have shape ({module.num_heads},) (one gate per head), got {tuple(head_mask.shape)}"
             )
     return valid_lens
+
+
+def positive_count(value, name: str) -> None:
+    """A count such as ``Task.make_batch``'s ``batch_size``: an int of at least 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+
+
+def task_examples(task, examples) -> None:
+    """``Task.collate``: a non-empty list of examples, each a tuple of strings, one per column of ``task.columns``,
+    every character in the vocabulary of its column's side (``task.column_sides``: "src", "tgt" or None)."""
+    what = f"{task.name}: collate takes a list of examples, each a tuple of strings {task.columns}"
+    if not isinstance(examples, list | tuple):
+        raise TypeError(f"{what}; got {type(examples).__name__}")
+    if not examples:
+        raise ValueError(f"{what}; got an empty {type(examples).__name__}")
+    vocab = {"src": task.src_stoi, "tgt": task.tgt_stoi, None: None}
+    for i, example in enumerate(examples):
+        if not isinstance(example, tuple | list) or not all(isinstance(text, str) for text in example):
+            raise TypeError(f"{what}; example {i} is {example!r}")
+        if len(example) != len(task.columns):
+            raise ValueError(f"{what}; example {i} has {len(example)} fields: {example!r}")
+        for text, column, side in zip(example, task.columns, task.column_sides, strict=True):
+            unknown = [c for c in text if vocab[side] is not None and c not in vocab[side]]
+            if unknown:
+                raise ValueError(
+                    f"{task.name}: character {unknown[0]!r} of example {i}'s {column} {text!r} "
+                    f"is not in the {side} vocabulary"
+                )

@@ -17,23 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import _validate as validate
-from .masks import padding_mask
-
-
-def _keep_mask(shape: tuple, device, valid_lens=None, mask=None) -> torch.Tensor | None:
-    """``valid_lens`` (validated) and/or ``mask`` as one bool keep-mask that broadcasts to scores of ``shape``.
-
-    None when nothing is masked. ``valid_lens`` indexes the first axis of the scores; the axes between the
-    first and the last two are broadcast.
-    """
-    keep = None
-    if valid_lens is not None:
-        keep = padding_mask(valid_lens, shape[-1])  # (B, 1 or Q, K)
-        keep = keep.view(shape[0], *([1] * (len(shape) - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
-    if mask is not None:
-        mask = mask.to(device)
-        keep = mask if keep is None else keep & mask
-    return keep
+from .masks import combine_masks
 
 
 def _softmax_over_keys(scores: torch.Tensor, keep: torch.Tensor | None, inplace: bool = False) -> torch.Tensor:
@@ -71,7 +55,8 @@ def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Te
     is finite.
     """
     valid_lens = validate.softmax_args(scores, valid_lens, mask)
-    return _softmax_over_keys(scores, _keep_mask(scores.shape, scores.device, valid_lens, mask))
+    keep = combine_masks(valid_lens, mask, scores.shape[-1], scores.dim(), scores.device)  # ~(B, ..., Q, K)
+    return _softmax_over_keys(scores, keep)
 
 
 def scaled_dot_product_attention(
@@ -92,7 +77,7 @@ def scaled_dot_product_attention(
     used for the output; the returned weights are the ones before dropout.
     """
     valid_lens = validate.attention(queries, keys, values, valid_lens, mask, dropout_p)  # before any arithmetic
-    keep = _keep_mask((*queries.shape[:-1], keys.shape[-2]), queries.device, valid_lens, mask)
+    keep = combine_masks(valid_lens, mask, keys.shape[-2], queries.dim(), queries.device)  # ~(B, [H,] Q, K)
     d = queries.shape[-1]
     # Scale the (B, Q, d) queries rather than the (B, Q, K) scores: same result, fewer multiplications.
     scores = (queries * (1.0 / math.sqrt(d))) @ keys.transpose(-2, -1)  # (B, [H,] Q, K)

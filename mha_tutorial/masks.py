@@ -81,15 +81,40 @@ def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
     return mask > -1e4
 
 
-def combine_masks(valid_lens, mask, num_keys: int) -> torch.Tensor | None:
-    """One keep-mask broadcastable to (B, H, Q, K) from ``valid_lens`` and/or a bool ``mask``.
+def combine_masks(valid_lens, mask, num_keys: int, ndim: int = 4, device=None) -> torch.Tensor | None:
+    """One keep-mask for scores with ``ndim`` axes (B, ..., Q, K) from ``valid_lens`` and/or a bool ``mask``.
 
-    ``valid_lens`` (B,) or (B, Q) becomes (B, 1, 1 or Q, K); ``mask`` must already
-    broadcast to (B, H, Q, K). Returns None when neither is given.
+    ``valid_lens`` (B,) or (B, Q) becomes (B, 1.., 1 or Q, K); ``mask`` must already broadcast to the
+    scores. Both end up on ``device`` (default: ``valid_lens``'s). Returns None when neither is given.
+    This is the one place where the two ways of masking meet.
     """
     keep = None
     if valid_lens is not None:
-        keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1 or Q, K)
+        keep = padding_mask(valid_lens, num_keys)  # (B, 1 or Q, K)
+        keep = keep.view(keep.shape[0], *([1] * (ndim - 3)), *keep.shape[1:])  # (B, 1.., 1 or Q, K)
+        keep = keep if device is None else keep.to(device)
     if mask is not None:
+        mask = mask if device is None else mask.to(device)
         keep = mask if keep is None else keep & mask.to(keep.device)
     return keep
+
+
+def and_causal(mask, num_queries: int, num_keys: int, device=None) -> torch.Tensor:
+    """``mask`` AND ``causal_mask(Q, K)``: what ``is_causal=True`` means, in every attention module."""
+    causal = causal_mask(num_queries, num_keys, device=device)  # (Q, K)
+    return causal if mask is None else mask.to(causal.device) & causal
+
+
+def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A mask broadcastable to (B, H, Q, K) with all four axes: (K,) -> (1, 1, 1, K), (Q, K) -> (1, 1, Q, K), ..."""
+    return None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def fold_heads(mask: torch.Tensor | None, batch: int, num_heads: int) -> torch.Tensor | None:
+    """A mask broadcastable to (B, H, Q, K) -> one broadcastable to (B*H, Q, K), row b*H + h for head h of b."""
+    if mask is None or mask.dim() <= 2:  # (Q, K) or (K,): the same for every example and head
+        return mask
+    mask = as_4d(mask)  # (b, h, Q, K), b in {1, B}, h in {1, H}
+    if mask.shape[0] == 1 and mask.shape[1] == 1:
+        return mask[0]  # (1, Q, K)
+    return mask.expand(batch, num_heads, *mask.shape[2:]).reshape(-1, *mask.shape[2:])  # (B*H, Q, K)

@@ -13,8 +13,6 @@ copied across directly.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -22,7 +20,7 @@ from torch.nn import functional as F
 from . import _validate as validate
 from .attention import DotProductAttention
 from .heads import transpose_output, transpose_qkv
-from .masks import causal_mask, combine_masks
+from .masks import and_causal, as_4d, combine_masks, fold_heads
 
 
 class MultiHeadAttention(nn.Module):
@@ -64,19 +62,6 @@ class MultiHeadAttention(nn.Module):
         self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
         self.pruned_heads: list[int] = []
 
-    def check_inputs(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, is_causal=False):
-        """Raise a clear error for inputs that do not fit; return ``valid_lens`` as a tensor."""
-        return validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
-
-    def _fold_mask(self, mask, batch: int):
-        """A mask broadcastable to (B, H, Q, K) -> one broadcastable to (B*H, Q, K)."""
-        if mask is None or mask.dim() <= 2:  # (Q, K) or (K,): the same for every example and head
-            return mask
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, Q, K), b in {1, B}, h in {1, H}
-        if mask.shape[0] == 1 and mask.shape[1] == 1:
-            return mask[0]  # (1, Q, K)
-        return mask.expand(batch, self.num_heads, *mask.shape[2:]).reshape(-1, *mask.shape[2:])  # (B*H, Q, K)
-
     def forward(
         self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
     ):
@@ -96,13 +81,13 @@ class MultiHeadAttention(nn.Module):
         into ``mask``. With no other mask and Q == K the fused path hands it to PyTorch as
         ``is_causal``, which lets the flash-attention kernel run (it takes no mask tensor).
         """
-        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask, is_causal)
+        valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
         if self.num_heads == 0:  # every head pruned: the sublayer contributes only W_o's bias
             return self._no_heads(queries, keys, need_weights)
         num_queries, num_keys = queries.shape[1], keys.shape[1]
         if not need_weights and is_causal and valid_lens is None and mask is None and num_queries == num_keys:
             return self._fused_forward(queries, keys, values, None, None, head_mask, is_causal=True)
-        mask = self._and_causal(mask, queries, keys) if is_causal else mask
+        mask = and_causal(mask, num_queries, num_keys, queries.device) if is_causal else mask
         if not need_weights:
             return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask)
         batch, H = queries.shape[0], self.num_heads
@@ -112,18 +97,12 @@ class MultiHeadAttention(nn.Module):
         if valid_lens is not None:
             # Row b*H + h of q is head h of example b, so each length is repeated H times in place.
             valid_lens = torch.repeat_interleave(valid_lens, repeats=H, dim=0)  # (B*H,) or (B*H, Q)
-        output = self.attention(q, k, v, valid_lens, self._fold_mask(mask, batch))  # (B*H, Q, d)
+        output = self.attention(q, k, v, valid_lens, fold_heads(mask, batch, H))  # (B*H, Q, d)
         self.attention_weights = self.attention.attention_weights.unflatten(0, (batch, H))  # (B, H, Q, K)
         if head_mask is not None:
             gates = head_mask.to(output).repeat(batch)  # (B*H,): entry b*H + h is head_mask[h]
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
-
-    @staticmethod
-    def _and_causal(mask, queries, keys):
-        """``mask`` AND ``causal_mask(Q, K)``: what ``is_causal=True`` means, in every variant."""
-        causal = causal_mask(queries.shape[1], keys.shape[1], device=queries.device)  # (Q, K)
-        return causal if mask is None else mask.to(queries.device) & causal
 
     def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, is_causal=False):
         """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""
@@ -131,9 +110,7 @@ class MultiHeadAttention(nn.Module):
         q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
         k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
         v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
-        keep = combine_masks(valid_lens, mask, keys.shape[1])  # broadcasts to (B, H, Q, K), or None
-        if keep is not None:  # a (K,) or 0-d mask gets its (Q, K) axes, which the row test below reads
-            keep = keep.to(q.device).reshape((1,) * max(0, 2 - keep.dim()) + tuple(keep.shape))
+        keep = as_4d(combine_masks(valid_lens, mask, keys.shape[1], device=q.device))  # ~(B, H, Q, K), or None
         dropout_p = self.attention.dropout if self.training else 0.0
         output = F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
@@ -158,54 +135,11 @@ class MultiHeadAttention(nn.Module):
         self.attention_weights = queries.new_zeros(batch, 0, num_queries, keys.shape[1]) if need_weights else None
         return output
 
-    @torch.no_grad()
     def prune_heads(self, heads) -> None:
-        """Remove heads for good: their rows of ``W_q``, ``W_k``, ``W_v`` and their columns of ``W_o``.
+        """Remove heads for good (notebook 07): see ``mha_tutorial.pruning.prune_attention_heads``."""
+        from .pruning import prune_attention_heads  # pruning builds on the whole model: import it only when used
 
-        ``heads`` are the heads' original numbers (0 .. num_heads-1 at construction), so pruning
-        in several steps needs no renumbering; ``self.head_ids`` lists the heads still present.
-        The output bias stays. Pruning every head leaves a layer that returns only that bias.
-        A pruned layer computes exactly what the unpruned one does with those heads' ``head_mask``
-        entries set to 0.
-        """
-        heads = list(heads)
-        original = len(self.head_ids) + len(self.pruned_heads)
-        for h in heads:
-            if isinstance(h, bool) or not isinstance(h, int):
-                raise TypeError(f"head numbers must be ints, got {h!r} in {heads}")
-            if not 0 <= h < original:
-                raise ValueError(
-                    f"head {h} is out of range: this layer was built with {original} heads (0..{original - 1})"
-                )
-        if len(set(heads)) != len(heads):
-            raise ValueError(f"head numbers must not repeat, got {heads}")
-        already = sorted(set(heads) - set(self.head_ids))
-        if already:
-            raise ValueError(f"heads {already} are already pruned (heads left: {self.head_ids})")
-        d = self.head_size
-        keep = [i for i, h in enumerate(self.head_ids) if h not in heads]  # current positions to keep
-        rows = torch.cat([torch.arange(i * d, (i + 1) * d) for i in keep]) if keep else torch.zeros(0, dtype=torch.long)
-        rows = rows.to(self.W_q.weight.device)
-        for name in ("W_q", "W_k", "W_v"):
-            setattr(self, name, _select(getattr(self, name), rows, dim=0))
-        self.W_o = _select(self.W_o, rows, dim=1)
-        self.pruned_heads = sorted([*self.pruned_heads, *heads])
-        self.head_ids = [self.head_ids[i] for i in keep]
-        self.num_heads = len(keep)
-
-
-def _select(layer: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    """A new Linear keeping only the output rows (dim=0) or input columns (dim=1) in ``index``."""
-    weight = layer.weight.index_select(dim, index)  # (out', in) or (out, in')
-    with warnings.catch_warnings():  # a zero-width layer (every head pruned) has nothing to initialise
-        warnings.simplefilter("ignore", UserWarning)
-        new = nn.Linear(
-            weight.shape[1], weight.shape[0], bias=layer.bias is not None, device=weight.device, dtype=weight.dtype
-        )
-    new.weight.copy_(weight)
-    if layer.bias is not None:
-        new.bias.copy_(layer.bias.index_select(0, index) if dim == 0 else layer.bias)
-    return new
+        prune_attention_heads(self, heads)
 
 
 class AddNorm(nn.Module):

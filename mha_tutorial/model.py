@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import _validate as validate
 from .masks import causal_mask
 from .mha import AddNorm, MultiHeadAttention
 
@@ -226,14 +227,7 @@ class TinyTransformer(nn.Module):
         L, H = self.num_attention_layers, self.num_heads
         if head_mask is None:
             return [None] * L
-        if not isinstance(head_mask, torch.Tensor):
-            raise TypeError(f"head_mask must be a tensor of shape ({L}, {H}), got {type(head_mask).__name__}")
-        if tuple(head_mask.shape) != (L, H):
-            names = ", ".join(name for name, _ in self.attention_layers())
-            raise ValueError(
-                f"head_mask must have shape (num_attention_layers, num_heads) = ({L}, {H}), one row per "
-                f"attention layer in the order [{names}]; got shape {tuple(head_mask.shape)}"
-            )
+        validate.model_head_mask(head_mask, self.attention_layers(), H)
         head_mask = head_mask.to(next(self.parameters()).device)
         # Columns keep the original head numbering; a pruned layer takes only its remaining heads.
         return [
@@ -250,33 +244,7 @@ class TinyTransformer(nn.Module):
         ``head_mask`` set to 0; ``head_mask`` keeps its (layers, heads) shape and original numbering.
         """
         layers = self.attention_layers()
-        names = [name for name, _ in layers]
-        if not isinstance(heads, dict):
-            raise TypeError(f"prune_heads takes a dict {{layer: [heads]}}, got {type(heads).__name__}")
-        resolved = {}
-        for key, chosen in heads.items():
-            if isinstance(key, str):
-                if key not in names:
-                    raise ValueError(f"unknown attention layer {key!r}; layers: {names}")
-                index = names.index(key)
-            elif isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(layers):
-                index = key
-            else:
-                raise ValueError(f"layer {key!r} is not a layer number in [0, {len(layers) - 1}] or a name in {names}")
-            if index in resolved:
-                raise ValueError(f"layer {names[index]} is named twice in {heads}")
-            resolved[index] = list(chosen)
-        for index, chosen in resolved.items():  # validate every layer before changing any
-            layer = layers[index][1]
-            bad = [h for h in chosen if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
-            if bad:
-                raise ValueError(f"{names[index]}: heads {bad} are out of range [0, {self.num_heads - 1}]")
-            if len(set(chosen)) != len(chosen):
-                raise ValueError(f"{names[index]}: head numbers must not repeat, got {chosen}")
-            gone = sorted(set(chosen) - set(layer.head_ids))
-            if gone:
-                raise ValueError(f"{names[index]}: heads {gone} are already pruned (left: {layer.head_ids})")
-        for index, chosen in resolved.items():
+        for index, chosen in validate.prune_request(heads, layers, self.num_heads).items():
             layers[index][1].prune_heads(chosen)
 
 

@@ -16,19 +16,22 @@ Every measurement here goes through ``head_mask`` (num_attention_layers, num_hea
 * ``pruning_curve`` / ``pruning_orders``: the metric as heads are masked one after
   another, in several orders (importance once or recomputed after each removal,
   single-head ablation, random, most-important-first, attention entropy).
-* Physical pruning lives on the modules: ``MultiHeadAttention.prune_heads`` and the
-  models' ``prune_heads({layer: [heads]})``; a pruned model computes what the masked
-  one does, with smaller matrices.
+* ``prune_attention_heads``: physical pruning of one layer (what ``MultiHeadAttention.prune_heads``
+  calls; the models' ``prune_heads({layer: [heads]})`` calls it for each layer); a pruned model
+  computes what the masked one does, with smaller matrices.
 """
 
 from __future__ import annotations
 
 import random
+import warnings
 from copy import deepcopy
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
+from . import _validate as validate
 from .tasks import get_task
 from .train import evaluate
 
@@ -39,11 +42,7 @@ def _sizes(model) -> tuple[int, int]:
 
 def check_head_mask(model, head_mask: torch.Tensor) -> None:
     """Raise a clear error unless ``head_mask`` is a (num_attention_layers, num_heads) tensor."""
-    L, H = _sizes(model)
-    if not isinstance(head_mask, torch.Tensor):
-        raise TypeError(f"head_mask must be a tensor of shape ({L}, {H}), got {type(head_mask).__name__}")
-    if tuple(head_mask.shape) != (L, H):
-        raise ValueError(f"head_mask must have shape (layers, heads) = ({L}, {H}), got {tuple(head_mask.shape)}")
+    validate.model_head_mask(head_mask, model.attention_layers(), model.num_heads)
 
 
 def _examples(task_name: str, split: str, examples, limit: int | None):
@@ -99,7 +98,8 @@ def gradient_importance(
     gradients of opposite sign from different examples would otherwise cancel)
     on the ``importance`` split, drawn with another seed than the ``eval`` split the
     pruning curves are measured on (for dates, 19 of the 1000 examples coincide:
-    notebook 07 drops them from the curves' examples). Heads already masked (gate 0) get importance 0.
+    notebook 07 drops them from the curves' examples). Heads already masked (gate 0) or pruned get
+    importance 0.
     With ``normalize``, each layer's row is divided by its L2 norm, as in Michel et al.
     """
     task = get_task(task_name)
@@ -117,7 +117,8 @@ def gradient_importance(
             batch = task.collate([row], device)
             logits = task.forward(model, batch, gates)  # (1, T, V)
             loss = F.cross_entropy(logits[batch.loss_mask], batch.tgt_out[batch.loss_mask])
-            (grad,) = torch.autograd.grad(loss, gates)
+            # A gate no head reads (its head pruned, or the whole layer) has derivative 0, not "unused".
+            (grad,) = torch.autograd.grad(loss, gates, allow_unused=True, materialize_grads=True)
             total += grad.abs()  # (L, H): |dL(x)/d xi| for this one example
     finally:
         model.train(was_training)
@@ -239,6 +240,42 @@ def pruned_copy(model, heads: dict):
     copy = deepcopy(model)
     copy.prune_heads(heads)
     return copy
+
+
+@torch.no_grad()
+def prune_attention_heads(layer, heads) -> None:
+    """Remove heads from a ``MultiHeadAttention`` for good: their rows of ``W_q``, ``W_k``, ``W_v``
+    and their columns of ``W_o``.
+
+    ``heads`` are the heads' original numbers (0 .. num_heads-1 at construction), so pruning in
+    several steps needs no renumbering; ``layer.head_ids`` lists the heads still present. The output
+    bias stays: pruning every head leaves a layer that returns only that bias. A pruned layer computes
+    exactly what the unpruned one does with those heads' ``head_mask`` entries set to 0.
+    """
+    original = len(layer.head_ids) + len(layer.pruned_heads)
+    heads = validate.head_numbers(heads, layer.head_ids, original)
+    d = layer.head_size
+    keep = [i for i, h in enumerate(layer.head_ids) if h not in heads]  # current positions to keep
+    rows = [torch.arange(i * d, (i + 1) * d) for i in keep]  # head i owns features i*d .. (i+1)*d
+    rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+    rows = rows.to(layer.W_q.weight.device)
+    layer.W_q, layer.W_k, layer.W_v = (_select(w, rows, dim=0) for w in (layer.W_q, layer.W_k, layer.W_v))
+    layer.W_o = _select(layer.W_o, rows, dim=1)
+    layer.pruned_heads = sorted([*layer.pruned_heads, *heads])
+    layer.head_ids = [layer.head_ids[i] for i in keep]
+    layer.num_heads = len(keep)
+
+
+def _select(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    """A new Linear keeping only the output rows (dim=0) or input columns (dim=1) in ``index``."""
+    weight = linear.weight.index_select(dim, index)  # (out', in) or (out, in')
+    with warnings.catch_warnings():  # a zero-width layer (every head pruned) has nothing to initialise
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(*weight.shape[::-1], bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if linear.bias is not None:
+        new.bias.copy_(linear.bias.index_select(0, index) if dim == 0 else linear.bias)
+    return new
 
 
 def count_parameters(module) -> int:

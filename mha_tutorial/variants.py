@@ -1,10 +1,10 @@
 """Three other ways to write the same multi-head attention (notebook 03).
 
-Each class has the constructor and parameter names of ``MultiHeadAttention``
-(they subclass it and only replace ``forward``), so one ``state_dict`` loads
-into all of them and they must give the same outputs. The two batch-first ones
-take the same ``forward`` arguments too (``need_weights=False`` only drops the
-weights: they have no fused path), so either can stand in for it.
+Each class has the constructor and parameter names of ``MultiHeadAttention``, so one
+``state_dict`` loads into all of them and they must give the same outputs. The two
+batch-first ones subclass it and only replace ``forward``, with the same arguments
+(``need_weights=False`` only drops the weights: they have no fused path), so either can
+stand in for it. The sequence-first one is a sibling with its own ``forward`` contract.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import math
 import torch
 from torch import nn
 
+from . import _validate as validate
 from .attention import masked_softmax, scaled_dot_product_attention
-from .masks import combine_masks
+from .masks import and_causal, as_4d, combine_masks
 from .mha import MultiHeadAttention
 
 
@@ -25,14 +26,13 @@ class HeadLoopMultiHeadAttention(MultiHeadAttention):
     def forward(
         self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
     ):
-        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask, is_causal)
+        valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
         if self.num_heads == 0:  # every head pruned: nothing to loop over, only W_o's bias
             return self._no_heads(queries, keys, need_weights)
-        mask = self._and_causal(mask, queries, keys) if is_causal else mask
+        mask = and_causal(mask, queries.shape[1], keys.shape[1], queries.device) if is_causal else mask
         Q, K, V = self.W_q(queries), self.W_k(keys), self.W_v(values)  # (B, T, H*d)
         d = self.head_size
-        if mask is not None:
-            mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, Q, K)
+        mask = as_4d(mask)  # (b, h, Q, K), b in {1, B}, h in {1, H}
         heads, weights = [], []
         for h in range(self.num_heads):
             cols = slice(h * d, (h + 1) * d)
@@ -58,8 +58,8 @@ class EinsumMultiHeadAttention(MultiHeadAttention):
     def forward(
         self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
     ):
-        valid_lens = self.check_inputs(queries, keys, values, valid_lens, mask, head_mask, is_causal)
-        mask = self._and_causal(mask, queries, keys) if is_causal else mask
+        valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
+        mask = and_causal(mask, queries.shape[1], keys.shape[1], queries.device) if is_causal else mask
         H, d = self.num_heads, self.head_size
 
         def split(X):  # (B, T, H*d) -> (H, B, T, d)
@@ -67,9 +67,8 @@ class EinsumMultiHeadAttention(MultiHeadAttention):
 
         q, k, v = split(self.W_q(queries)), split(self.W_k(keys)), split(self.W_v(values))
         scores = torch.einsum("hbqd,hbkd->hbqk", q / math.sqrt(d), k)  # (H, B, Q, K)
-        keep = combine_masks(valid_lens, mask, keys.shape[1])  # ~(B, H, Q, K)
-        if keep is not None:
-            keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape)).transpose(0, 1)  # ~(H, B, Q, K)
+        keep = as_4d(combine_masks(valid_lens, mask, keys.shape[1]))  # ~(B, H, Q, K)
+        keep = None if keep is None else keep.transpose(0, 1)  # ~(H, B, Q, K)
         weights = masked_softmax(scores, mask=keep)  # (H, B, Q, K)
         self.attention_weights = weights.transpose(0, 1) if need_weights else None  # (B, H, Q, K)
         if self.training and self.attention.dropout > 0:
@@ -80,33 +79,27 @@ class EinsumMultiHeadAttention(MultiHeadAttention):
         return self.W_o(out.permute(1, 2, 0, 3).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
 
 
-class SeqFirstMultiHeadAttention(MultiHeadAttention):
+class SeqFirstMultiHeadAttention(nn.Module):
     """Sequence-first tensors [seq, batch, d_model], as in the original Transformer code bases.
 
-    ``forward(query, key, value, mask=None)`` takes a bool ``mask`` of shape
-    [Q, K, B] (True = may attend) whose Q or B axis may be 1 to broadcast, and
-    computes the scores with the index pattern ``'ibhd,jbhd->ijbh'``
+    A sibling of ``MultiHeadAttention``, not a subclass: its ``forward`` has another contract,
+    ``forward(query, key, value, mask=None, need_weights=True)`` with a bool ``mask`` of shape
+    [Q, K, B] (True = may attend) whose Q or B axis may be 1 to broadcast. It takes the same
+    constructor arguments and has the same parameters (``W_q``, ``W_k``, ``W_v``, ``W_o``), so one
+    ``state_dict`` loads into both. The scores use the index pattern ``'ibhd,jbhd->ijbh'``
     (i = query position, j = key position, b = batch, h = head).
     """
 
-    def forward(self, query, key, value, mask=None):
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-            if x.dim() != 3:
-                raise ValueError(f"{name} must have shape [seq, batch, features], got {list(x.shape)}")
-        # Reuse the batch-first checks on batch-first views (no copies).
-        self.check_inputs(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1))
-        if mask is not None:
-            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-                what = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-                raise TypeError(f"mask must be a bool tensor [Q, K, B] with True = may attend, got {what}")
-            shape = (query.shape[0], key.shape[0], query.shape[1])
-            fits = mask.dim() == 3 and mask.shape[1] == shape[1] and mask.shape[0] in (1, shape[0])
-            if not (fits and mask.shape[2] in (1, shape[2])):
-                raise ValueError(
-                    f"mask must have shape [Q, K, B] = {list(shape)} (Q or B may be 1), got {list(mask.shape)}"
-                )
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        parts = MultiHeadAttention(*args, **kwargs)  # the same checks, sizes and initialisation
+        self.num_hiddens, self.num_heads, self.head_size = parts.num_hiddens, parts.num_heads, parts.head_size
+        self.W_q, self.W_k, self.W_v, self.W_o = parts.W_q, parts.W_k, parts.W_v, parts.W_o
+        self.attention = parts.attention  # holds the dropout rate
+        self.attention_weights: torch.Tensor | None = None
+
+    def forward(self, query, key, value, mask=None, need_weights=True):
+        validate.seq_first_inputs(self, query, key, value, mask, need_weights)
         H, d = self.num_heads, self.head_size
         q = self.W_q(query).unflatten(-1, (H, d))  # (Q, B, H, d)
         k = self.W_k(key).unflatten(-1, (H, d))  # (K, B, H, d)
@@ -115,7 +108,7 @@ class SeqFirstMultiHeadAttention(MultiHeadAttention):
         # masked_softmax works on the last axis: move the key axis j there and back.
         keep = None if mask is None else mask.permute(0, 2, 1).unsqueeze(2)  # (Q, B, 1, K)
         weights = masked_softmax(scores.permute(0, 2, 3, 1), mask=keep).permute(0, 3, 1, 2)  # (Q, K, B, H)
-        self.attention_weights = weights.permute(2, 3, 0, 1)  # (B, H, Q, K)
+        self.attention_weights = weights.permute(2, 3, 0, 1) if need_weights else None  # (B, H, Q, K)
         if self.training and self.attention.dropout > 0:
             weights = nn.functional.dropout(weights, self.attention.dropout)
         out = torch.einsum("ijbh,jbhd->ibhd", weights, v)  # (Q, B, H, d)

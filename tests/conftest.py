@@ -166,5 +166,6 @@ def explode_projections(mha: nn.Module) -> nn.Module:
     """Replace W_q, W_k, W_v, W_o by ``ExplodingLinear`` layers of the same sizes."""
     for name in ("W_q", "W_k", "W_v", "W_o"):
         old = getattr(mha, name)
-        setattr(mha, name, ExplodingLinear(old.in_features, old.out_features, bias=old.bias is not None))
+        w = old.weight
+        setattr(mha, name, ExplodingLinear(*w.shape[::-1], bias=old.bias is not None, dtype=w.dtype, device=w.device))
     return mha

@@ -340,6 +340,16 @@ def test_sdpa_rejects_mismatched_leading_sizes_and_ranks():
         scaled_dot_product_attention(torch.randn(1, 1, 1), [[[1.0]]], torch.randn(1, 1, 1))
 
 
+def test_sdpa_rejects_integer_bool_and_mixed_dtypes_before_any_arithmetic():
+    f32 = torch.randn(2, 3, 4)
+    with no_arithmetic(), pytest.raises(TypeError, match="queries must be a floating tensor.*got dtype torch.int64"):
+        scaled_dot_product_attention(torch.ones(2, 3, 4, dtype=torch.long), f32, f32)
+    with no_arithmetic(), pytest.raises(TypeError, match="values must be a floating tensor.*got dtype torch.bool"):
+        scaled_dot_product_attention(f32, f32, torch.ones(2, 3, 4, dtype=torch.bool))
+    with no_arithmetic(), pytest.raises(TypeError, match="one dtype, got torch.float32, torch.float64, torch.float32"):
+        scaled_dot_product_attention(f32, f32.double(), f32)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, pattern",
     [

@@ -241,3 +241,34 @@ def test_combine_masks():
 def test_bool_to_additive_refuses_a_non_floating_dtype(dtype):
     with pytest.raises(TypeError, match="bool_to_additive needs a floating dtype"):
         bool_to_additive(torch.ones(2, 3, dtype=torch.bool), dtype=dtype)
+
+
+def test_combine_masks_fits_scores_of_any_rank_and_as_4d_adds_leading_axes():
+    from mha_tutorial.masks import as_4d, combine_masks
+
+    valid_lens = torch.tensor([1, 3])
+    assert combine_masks(valid_lens, None, 4, ndim=3).shape == (2, 1, 4)  # (B, Q, K) scores
+    assert combine_masks(valid_lens, None, 4, ndim=5).shape == (2, 1, 1, 1, 4)  # (B, H, G, Q, K)
+    keep = combine_masks(valid_lens, torch.tensor([True, False, True, True]), 4, ndim=3)
+    assert keep.tolist() == [[[True, False, False, False]], [[True, False, True, False]]]
+    assert as_4d(None) is None
+    assert [as_4d(torch.ones(s, dtype=torch.bool)).shape for s in [(), (4,), (3, 4), (2, 3, 4)]] == [
+        (1, 1, 1, 1),
+        (1, 1, 1, 4),
+        (1, 1, 3, 4),
+        (1, 2, 3, 4),
+    ]
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 5), (1, 1, 3, 5), (2, 1, 3, 5), (1, 4, 3, 5), (4, 3, 5), (2, 4, 3, 5)])
+def test_fold_heads_puts_head_h_of_example_b_in_row_b_times_H_plus_h(shape):
+    from mha_tutorial.masks import fold_heads
+
+    B, H = 2, 4
+    mask = torch.rand(shape) < 0.5
+    folded = fold_heads(mask, B, H).expand(B * H, 3, 5)  # (B*H, Q, K)
+    full = mask.expand(B, H, 3, 5)  # (B, H, Q, K)
+    for b in range(B):
+        for h in range(H):
+            assert torch.equal(folded[b * H + h], full[b, h])
+    assert fold_heads(None, B, H) is None

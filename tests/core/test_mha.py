@@ -433,6 +433,27 @@ BAD_INPUTS = [
         r"mask of shape \(4, 3, 4\) does not broadcast",
     ),
     (
+        "queries-float32-into-float64-module",
+        (randn(B, Q, D).float(), randn(B, K, D), randn(B, K, D)),
+        dict(),
+        TypeError,
+        r"queries have dtype torch.float32 but the module's weights are torch.float64",
+    ),
+    (
+        "keys-int",
+        (randn(B, Q, D), torch.ones(B, K, D, dtype=torch.long), randn(B, K, D)),
+        dict(),
+        TypeError,
+        r"keys have dtype torch.int64 but the module's weights are torch.float64",
+    ),
+    (
+        "values-bool",
+        (randn(B, Q, D), randn(B, K, D), torch.ones(B, K, D, dtype=torch.bool)),
+        dict(),
+        TypeError,
+        r"values have dtype torch.bool",
+    ),
+    (
         "mask-float",
         (),
         dict(mask=torch.ones(Q, K)),
@@ -709,3 +730,11 @@ def test_fused_path_keeps_a_nan_query_nan_like_the_step_path(mask):
     step, fused = mha(q, k, k, mask=keep), mha(q, k, k, mask=keep, need_weights=False)
     assert torch.isnan(step[0, 1]).all() and torch.isnan(fused[0, 1]).all()
     torch.testing.assert_close(fused, step, equal_nan=True, **TOL64)
+
+
+def test_autocast_may_feed_a_lower_precision_input_to_a_float32_module():
+    mha = MultiHeadAttention(D, H).eval()
+    x = torch.randn(B, Q, D, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mha(x, x, x)
+    assert out.shape == (B, Q, D) and out.dtype == torch.bfloat16

@@ -148,6 +148,24 @@ def test_seq_first_matches_multi_head_attention(mask_shape, bias):
     torch.testing.assert_close(other.attention_weights, base.attention_weights, **TOL32)
 
 
+def test_seq_first_is_a_sibling_with_its_own_forward_and_the_same_weights():
+    """Not a subclass (its forward takes other arguments), yet one state_dict loads both ways, strictly."""
+    assert not issubclass(SeqFirstMultiHeadAttention, MultiHeadAttention)
+    base, other = pair(SeqFirstMultiHeadAttention, bias=False, out_bias=True)
+    back = MultiHeadAttention(12, 3, bias=False, out_bias=True)
+    back.load_state_dict(other.state_dict(), strict=True)
+    x = torch.randn(5, 2, 12)  # [T, B, d]
+    with_weights = other(x, x, x)
+    without = other(x, x, x, need_weights=False)
+    assert other.attention_weights is None
+    torch.testing.assert_close(without, with_weights)
+    torch.testing.assert_close(back.eval()(*(x.transpose(0, 1),) * 3), with_weights.transpose(0, 1), **TOL32)
+    with pytest.raises(TypeError, match="need_weights must be True or False, got 'yes'"):
+        other(x, x, x, need_weights="yes")
+    with pytest.raises(ValueError, match="num_hiddens=12 is not divisible by num_heads=5"):
+        SeqFirstMultiHeadAttention(12, 5)
+
+
 def test_seq_first_causal_mask():
     base, other = pair(SeqFirstMultiHeadAttention)
     x = torch.randn(6, 2, 12)  # [T, B, d]

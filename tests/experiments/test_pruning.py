@@ -236,3 +236,32 @@ def test_model_prune_heads_errors_change_nothing(models):
         model.prune_heads({3: [3]})
     with pytest.raises(ValueError, match=r"\(4, 4\)"):
         get_task("dates").forward(model, get_task("dates").collate(rows("dates", n=2)), torch.ones(4, 3))
+
+
+@pytest.mark.parametrize("name", ["reversal", "dates"])
+def test_gradient_importance_of_a_pruned_model_equals_the_masked_model(models, name):
+    """Pruned heads (a whole layer included: its gates reach nothing) get 0; the rest match masking."""
+    model = models[name]
+    L, H = model.num_attention_layers, model.num_heads
+    heads = {0: [0, 1], L - 1: list(range(H))} if L > 1 else {0: list(range(H))}
+    mask = torch.ones(L, H)
+    for layer, chosen in heads.items():
+        mask[layer, chosen] = 0
+    examples = rows(name, n=6)
+    masked = pruning.gradient_importance(model, name, examples=examples, head_mask=mask)
+    pruned = pruning.gradient_importance(pruning.pruned_copy(model, heads), name, examples=examples)
+    torch.testing.assert_close(pruned, masked, rtol=1e-4, atol=1e-6)
+    assert (pruned[mask == 0] == 0).all()
+
+
+def test_prune_attention_heads_is_what_the_method_calls():
+    torch.manual_seed(0)
+    by_method, by_function = MultiHeadAttention(12, 4, bias=True), MultiHeadAttention(12, 4, bias=True)
+    by_function.load_state_dict(by_method.state_dict())
+    by_method.prune_heads([2, 0])
+    pruning.prune_attention_heads(by_function, [0, 2])
+    assert by_function.head_ids == by_method.head_ids == [1, 3]
+    for (name, a), (_, b) in zip(by_method.state_dict().items(), by_function.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(TypeError, match="heads must be a list of head numbers, got int"):
+        pruning.prune_attention_heads(by_function, 1)
