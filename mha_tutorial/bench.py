@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import math
 import os
 import weakref
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,38 +37,35 @@ from torch.utils import benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+# The report side lives in bench_report; its names stay importable from here (bench.ratios, bench.PAIRS, ...).
+from .bench_report import PAIRS as PAIRS
+from .bench_report import PartialCsv, Row, format_row, write_reports
+from .bench_report import flops as flops
+from .bench_report import plot as plot
+from .bench_report import ratios as ratios
+from .bench_report import read_csv as read_csv
+from .bench_report import tflops as tflops
+from .bench_report import to_markdown as to_markdown
+from .bench_report import write_csv as write_csv
 from .device import get_device
 from .masks import causal_mask
 from .mha import MultiHeadAttention
 from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
 
-# The pairs the targets compare: (ours, PyTorch's equivalent on the same weights and mask).
-PAIRS = (
-    ("readable", "nn.MHA (weights)"),  # both materialise the (B, H, T, T) weights
-    ("fused", "nn.MHA"),  # both hand a bool mask to a fused kernel
-    ("fused (is_causal)", "SDPA (is_causal)"),  # both let PyTorch pick flash attention (no mask tensor)
-)
+__all__ = [
+    "PeakMemory",
+    "SweepOptions",
+    "check_agreement",
+    "estimated_bytes",
+    "implementations",
+    "main",
+    "run_benchmark",
+]
+
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16}
 # How far implementations may disagree: TF32 matmuls keep 10 mantissa bits (a relative error near
 # 5e-4 per product), bfloat16 keeps 7.
 ATOL = {"float32": 1e-4, "tf32": 5e-3, "bfloat16": 5e-2}
-
-
-@dataclass
-class Row:
-    impl: str
-    pass_: str
-    dtype: str
-    device: str
-    threads: int
-    batch: int
-    seq: int
-    hiddens: int
-    heads: int
-    median_ms: float = math.nan
-    iqr_ms: float = math.nan
-    peak_mib: float = math.nan
-    status: str = "ok"
 
 
 def implementations(num_hiddens: int, num_heads: int, device, dtype, compile_: bool = False):
@@ -200,7 +196,43 @@ def _measure(f, x, keep, backward: bool, min_run_time: float, threads: int, para
     return m.median * 1e3, m.iqr * 1e3, peak / 2**20
 
 
-def run_benchmark(  # noqa: C901, PLR0913 -- known debt (issue 10): one sweep, many settings
+@dataclass
+class SweepOptions:
+    """How ``run_benchmark`` measures and where it reports (its keyword arguments after ``device``)."""
+
+    threads: int | None = None  # default: PyTorch's current thread count
+    min_run_time: float = 0.5  # seconds of timing per measurement
+    compile_: bool = False  # also time torch.compile'd paths
+    memory_budget: float | None = None  # bytes; default: half of the machine's RAM
+    log: Callable[[str], object] | None = print  # None: silent
+    on_row: Callable[[Row], object] | None = None  # called with each finished row
+
+
+class _Sweep:
+    """One call of ``run_benchmark``: its sizes and options resolved, and the rows measured so far."""
+
+    def __init__(self, batch: int, hiddens: int, heads: int, passes, device, options: SweepOptions):
+        self.batch, self.hiddens, self.heads, self.passes = batch, hiddens, heads, passes
+        self.log = options.log or (lambda *_: None)
+        self.device = torch.device(device) if device is not None else get_device()
+        self.threads = options.threads or torch.get_num_threads()  # the Timer restores the process's count
+        self.memory_budget = options.memory_budget
+        if self.memory_budget is None:
+            self.memory_budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        self.options = options
+        self.rows: list[Row] = []
+
+    def row(self, impl: str, pass_: str, dtype_name: str, seq: int, **measured) -> Row:
+        d = self.device.type
+        return Row(impl, pass_, dtype_name, d, self.threads, self.batch, seq, self.hiddens, self.heads, **measured)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        if self.options.on_row is not None:
+            self.options.on_row(row)
+
+
+def run_benchmark(
     seqs=(128, 256, 512, 1024, 2048, 4096, 8192),
     batch: int = 8,
     hiddens: int = 768,
@@ -209,223 +241,99 @@ def run_benchmark(  # noqa: C901, PLR0913 -- known debt (issue 10): one sweep, m
     passes=("forward", "forward+backward"),
     impl_names=None,
     device=None,
-    threads: int | None = None,
-    min_run_time: float = 0.5,
-    compile_: bool = False,
-    memory_budget: float | None = None,
-    log=print,
-    on_row=None,
+    **options,
 ) -> list[Row]:
     """Time every implementation for each dtype, pass and sequence length; return the rows.
 
-    On the CPU a size whose estimated peak exceeds ``memory_budget`` bytes (default: half of
-    the machine's RAM) is skipped and reported; on a GPU an out-of-memory error ends the
-    sweep for that implementation, also reported. ``on_row(row)`` is called as each row is
-    finished, so a long sweep that is cut short still leaves what it measured.
+    ``options`` are the keywords of ``SweepOptions``: ``threads``, ``min_run_time``, ``compile_``,
+    ``memory_budget``, ``log`` and ``on_row``. On the CPU a size whose estimated peak exceeds
+    ``memory_budget`` bytes (default: half of the machine's RAM) is skipped and reported; on a GPU
+    an out-of-memory error ends the sweep for that implementation, also reported. ``on_row(row)``
+    is called as each row is finished, so a long sweep that is cut short still leaves what it measured.
     """
-    log = log or (lambda *_: None)
-    device = torch.device(device) if device is not None else get_device()
-    threads = threads or torch.get_num_threads()  # the Timer runs with this many and restores the process's count
-    if memory_budget is None:
-        memory_budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    rows: list[Row] = []
-
-    def add(row: Row) -> None:
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
-
+    sweep = _Sweep(batch, hiddens, heads, passes, device, SweepOptions(**options))
     for dtype_name in dtypes:
-        if dtype_name == "tf32" and device.type != "cuda":
-            log("tf32 is a GPU setting: skipped on the CPU")
+        if dtype_name == "tf32" and sweep.device.type != "cuda":
+            sweep.log("tf32 is a GPU setting: skipped on the CPU")
             continue
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
-            torch.backends.cudnn.allow_tf32 = dtype_name == "tf32"
-        dtype = DTYPES[dtype_name]
-        impls, modules = implementations(hiddens, heads, device, dtype, compile_)
-        if impl_names:
-            impls = {n: f for n, f in impls.items() if n in impl_names or n == "readable"}
-        params = [p for m in modules for p in m.parameters()]
-        stopped: dict[tuple, str] = {}
-        for seq in seqs:
-            x = torch.randn(batch, seq, hiddens, device=device, dtype=dtype)
-            keep = causal_mask(seq, device=device)
-            need = estimated_bytes(batch, seq, hiddens, heads, dtype, backward="forward+backward" in passes)
-            if device.type == "cpu" and need > memory_budget:
-                log(
-                    f"stopping at T={seq}: the readable path would need ~{need / 2**30:.1f} GiB "
-                    f"(budget {memory_budget / 2**30:.1f} GiB)"
-                )
-                for name in impls:
-                    for p in passes:
-                        add(
-                            Row(
-                                name,
-                                p,
-                                dtype_name,
-                                device.type,
-                                threads,
-                                batch,
-                                seq,
-                                hiddens,
-                                heads,
-                                status=f"skipped: needs ~{need / 2**30:.0f} GiB",
-                            )
-                        )
-                break
-            try:
-                diffs = check_agreement(impls, x, keep, atol=ATOL[dtype_name])
-            except torch.OutOfMemoryError:
-                log(f"T={seq}: out of memory while checking agreement; stopping the sweep here")
-                torch.cuda.empty_cache()
-                break
-            log(
-                f"[{dtype_name}, T={seq}] all {len(impls)} implementations agree "
-                f"(max |diff| vs readable {max(diffs.values()):.1e})"
-            )
-            for p in passes:
-                for name, f in impls.items():
-                    row = Row(name, p, dtype_name, device.type, threads, batch, seq, hiddens, heads)
-                    if (name, p) in stopped:
-                        row.status = stopped[(name, p)]
-                    else:
-                        try:
-                            row.median_ms, row.iqr_ms, row.peak_mib = _measure(
-                                f, x, keep, p == "forward+backward", min_run_time, threads, params
-                            )
-                        except torch.OutOfMemoryError:
-                            torch.cuda.empty_cache()
-                            row.status = stopped[(name, p)] = f"out of memory at T={seq}"
-                            log(f"{name} ({p}): out of memory at T={seq}; larger T skipped")
-                    add(row)
-                    log(format_row(row))
-    return rows
+        _sweep_dtype(sweep, dtype_name, seqs, impl_names)
+    return sweep.rows
 
 
-def format_row(row: Row) -> str:
-    if row.status != "ok":
-        return f"  {row.pass_:16} {row.impl:20} T={row.seq:<5} {row.status}"
-    return (
-        f"  {row.pass_:16} {row.impl:20} T={row.seq:<5} {row.median_ms:10.2f} ms "
-        f"(IQR {row.iqr_ms:.2f})  peak {row.peak_mib:9.1f} MiB"
+def _sweep_dtype(sweep: _Sweep, dtype_name: str, seqs, impl_names) -> None:
+    """Every length in turn for one dtype: check that all implementations agree, then time each pass."""
+    if sweep.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
+        torch.backends.cudnn.allow_tf32 = dtype_name == "tf32"
+    dtype = DTYPES[dtype_name]
+    impls, modules = implementations(sweep.hiddens, sweep.heads, sweep.device, dtype, sweep.options.compile_)
+    if impl_names:
+        impls = {n: f for n, f in impls.items() if n in impl_names or n == "readable"}
+    params = [p for m in modules for p in m.parameters()]
+    stopped: dict[tuple, str] = {}  # (implementation, pass) -> why larger lengths are not timed
+    for seq in seqs:
+        x = torch.randn(sweep.batch, seq, sweep.hiddens, device=sweep.device, dtype=dtype)
+        keep = causal_mask(seq, device=sweep.device)
+        if _skip_over_budget(sweep, impls, dtype_name, dtype, seq):
+            break
+        if not _agree(sweep, impls, x, keep, dtype_name, seq):
+            break
+        for p in sweep.passes:
+            for name, f in impls.items():
+                row = sweep.row(name, p, dtype_name, seq)
+                _time_row(sweep, row, f, x, keep, params, stopped)
+                sweep.add(row)
+                sweep.log(format_row(row))
+
+
+def _skip_over_budget(sweep: _Sweep, impls, dtype_name: str, dtype, seq: int) -> bool:
+    """On the CPU, when ``seq`` would not fit in the memory budget: report it, add skipped rows, return True."""
+    backward = "forward+backward" in sweep.passes
+    need = estimated_bytes(sweep.batch, seq, sweep.hiddens, sweep.heads, dtype, backward=backward)
+    if sweep.device.type != "cpu" or need <= sweep.memory_budget:
+        return False
+    sweep.log(
+        f"stopping at T={seq}: the readable path would need ~{need / 2**30:.1f} GiB "
+        f"(budget {sweep.memory_budget / 2**30:.1f} GiB)"
     )
+    for name in impls:
+        for p in sweep.passes:
+            sweep.add(sweep.row(name, p, dtype_name, seq, status=f"skipped: needs ~{need / 2**30:.0f} GiB"))
+    return True
 
 
-def ratios(rows: list[Row]) -> list[tuple]:
-    """(dtype, pass, seq, ours, theirs, ours_ms / theirs_ms) for the pairs in ``PAIRS``."""
-    index = {(r.dtype, r.pass_, r.seq, r.impl): r for r in rows if r.status == "ok"}
-    out = []
-    for (dtype, p, seq, impl), r in index.items():
-        for ours, theirs_name in PAIRS:
-            theirs = index.get((dtype, p, seq, theirs_name))
-            if impl == ours and theirs is not None:
-                out.append((dtype, p, seq, impl, theirs.impl, r.median_ms / theirs.median_ms))
-    return out
-
-
-def flops(row: Row) -> float:
-    """Useful floating-point operations of one call of causal self-attention with its four projections.
-
-    Projections: 4 matmuls of (B*T, D) by (D, D) = 8*B*T*D^2. Attention: Q K^T and weights @ V, each
-    2*B*H*T^2*d, halved because a causal mask makes half of the (T, T) products unnecessary.
-    Backward counts twice the forward (the usual convention: two matmuls per forward matmul).
-    """
-    B, T, D = row.batch, row.seq, row.hiddens
-    forward = 8 * B * T * D**2 + 0.5 * 4 * B * T**2 * D
-    return forward * (3 if row.pass_ == "forward+backward" else 1)
-
-
-def tflops(row: Row) -> float:
-    """Achieved TFLOP/s, counting only the useful operations of ``flops``."""
-    return flops(row) / (row.median_ms * 1e-3) / 1e12 if row.status == "ok" else math.nan
-
-
-def to_markdown(rows: list[Row]) -> str:
-    head = (
-        "| pass | dtype | T | implementation | median ms | IQR ms | TFLOP/s | peak MiB | status |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+def _agree(sweep: _Sweep, impls, x, keep, dtype_name: str, seq: int) -> bool:
+    """``check_agreement`` at this length; False (and the sweep stops) when it runs out of GPU memory."""
+    try:
+        diffs = check_agreement(impls, x, keep, atol=ATOL[dtype_name])
+    except torch.OutOfMemoryError:
+        sweep.log(f"T={seq}: out of memory while checking agreement; stopping the sweep here")
+        torch.cuda.empty_cache()
+        return False
+    sweep.log(
+        f"[{dtype_name}, T={seq}] all {len(impls)} implementations agree "
+        f"(max |diff| vs readable {max(diffs.values()):.1e})"
     )
-    lines = [
-        f"| {r.pass_} | {r.dtype} | {r.seq} | {r.impl} | {r.median_ms:.2f} | {r.iqr_ms:.2f} | {tflops(r):.3g} "
-        f"| {r.peak_mib:.1f} | {r.status} |"
-        for r in rows
-    ]
-    first = rows[0] if rows else None
-    setting = (
-        f"{first.device}, {first.threads} threads, batch {first.batch}, {first.hiddens} hiddens, "
-        f"{first.heads} heads, causal self-attention\n\n"
-        if first
-        else ""
-    )
-    pairs = "\n".join(f"- {d}, {p}, T={s}: {a} / {b} = {x:.2f}" for d, p, s, a, b, x in ratios(rows))
-    return setting + head + "\n".join(lines) + ("\n\nRatios (ours / PyTorch's):\n\n" + pairs if pairs else "") + "\n"
+    return True
 
 
-def write_csv(rows: list[Row], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        writer.writeheader()
-        writer.writerows(asdict(r) for r in rows)
+def _time_row(sweep: _Sweep, row: Row, f, x, keep, params, stopped: dict) -> None:
+    """Fill in ``row``'s time and memory, or its status when this implementation already ran out of memory."""
+    key = (row.impl, row.pass_)
+    if key in stopped:
+        row.status = stopped[key]
+        return
+    try:
+        backward = row.pass_ == "forward+backward"
+        measured = _measure(f, x, keep, backward, sweep.options.min_run_time, sweep.threads, params)
+        row.median_ms, row.iqr_ms, row.peak_mib = measured
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        row.status = stopped[key] = f"out of memory at T={row.seq}"
+        sweep.log(f"{row.impl} ({row.pass_}): out of memory at T={row.seq}; larger T skipped")
 
 
-def plot(rows: list[Row], path: Path | None = None, title: str | None = None):
-    """Time and peak memory against sequence length, log-log, one line per implementation (same colour in every panel)."""
-    import matplotlib
-    import matplotlib.ticker
-
-    if path is not None:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r.status == "ok"]
-    passes = [p for p in ("forward", "forward+backward") if any(r.pass_ == p for r in ok)]
-    # Peak memory from forward+backward when measured: on the CPU a forward-only figure misses the
-    # buffers inside fused kernels, while backward keeps what it needs in tensors that are counted.
-    memory_pass = passes[-1]
-    dtypes = sorted({r.dtype for r in ok})
-    seqs = sorted({r.seq for r in ok})
-    names = list(dict.fromkeys(r.impl for r in ok))
-    colours = dict(zip(names, plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2], strict=False))
-    fig, axes = plt.subplots(
-        len(dtypes), len(passes) + 1, figsize=(5 * (len(passes) + 1), 4 * len(dtypes)), squeeze=False
-    )
-    for i, dtype in enumerate(dtypes):
-        for j, p in enumerate([*passes, "memory"]):
-            ax = axes[i, j]
-            source = [r for r in ok if r.dtype == dtype and r.pass_ == (memory_pass if p == "memory" else p)]
-            for impl in dict.fromkeys(r.impl for r in source):
-                pts = sorted((r.seq, r.peak_mib if p == "memory" else r.median_ms) for r in source if r.impl == impl)
-                style = "--" if "compiled" in impl else "-"
-                ax.plot(*zip(*pts, strict=True), style, marker="o", color=colours[impl], label=impl)
-            ax.set(
-                xscale="log",
-                yscale="log",
-                xlabel="sequence length T",
-                ylabel="peak memory (MiB)" if p == "memory" else "median time (ms)",
-                title=f"{'peak memory, ' + memory_pass if p == 'memory' else p} ({dtype})",
-            )
-            ax.set_xticks(seqs, [str(t) for t in seqs])
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-            ax.grid(True, which="both", alpha=0.3)
-    axes[0, -1].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
-
-
-def read_csv(path: Path) -> list[Row]:
-    """Rows written by ``write_csv``, e.g. to redraw a plot without rerunning the benchmark."""
-    types = {name: type(value) for name, value in asdict(Row("", "", "", "", 0, 0, 0, 0, 0)).items()}
-    with open(path, newline="") as f:
-        return [Row(**{k: types[k](v) for k, v in row.items()}) for row in csv.DictReader(f)]
-
-
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, short timings: under a minute on a CPU")
     parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (default 128 ... 8192)")
@@ -444,8 +352,11 @@ def main(argv=None) -> int:
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--out", type=Path, default=Path("build/bench"), help="folder for bench.md/.csv/.png")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     device = torch.device(args.device) if args.device else get_device()
     on_gpu = device.type == "cuda"
     seqs = args.seq or [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -457,14 +368,7 @@ def main(argv=None) -> int:
     if on_gpu:
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     args.out.mkdir(parents=True, exist_ok=True)
-    partial = open(args.out / "bench.partial.csv", "w", newline="")
-    writer = csv.DictWriter(partial, fieldnames=list(asdict(Row("", "", "", "", 0, 0, 0, 0, 0))))
-    writer.writeheader()
-
-    def save(row: Row) -> None:  # as we go: a sweep stopped by a time limit keeps its rows
-        writer.writerow(asdict(row))
-        partial.flush()
-
+    partial = PartialCsv(args.out / "bench.partial.csv")  # as we go: a sweep stopped by a time limit keeps its rows
     rows = run_benchmark(
         seqs,
         batch,
@@ -474,25 +378,17 @@ def main(argv=None) -> int:
         args.passes,
         args.impls,
         device,
-        args.threads,
-        min_run_time,
+        threads=args.threads,
+        min_run_time=min_run_time,
         compile_=args.compile or (on_gpu and not args.quick),
-        on_row=save,
+        on_row=partial.write,
     )
-    partial.close()
-    (args.out / "bench.partial.csv").unlink()
-    (args.out / "bench.md").write_text(to_markdown(rows))
-    write_csv(rows, args.out / "bench.csv")
+    partial.remove()
     where = torch.cuda.get_device_name(device) if on_gpu else f"CPU, {rows[0].threads if rows else '?'} threads"
-    plot(
-        rows,
-        args.out / "bench.png",
-        title=f"{where} (torch {torch.__version__}): causal self-attention, "
-        f"batch {batch}, {hiddens} hiddens, {heads} heads",
+    title = (
+        f"{where} (torch {torch.__version__}): causal self-attention, batch {batch}, {hiddens} hiddens, {heads} heads"
     )
-    print()
-    print(to_markdown(rows))
-    print(f"wrote {args.out / 'bench.md'}, {args.out / 'bench.csv'}, {args.out / 'bench.png'}")
+    write_reports(rows, args.out, title)
     return 0
 
 

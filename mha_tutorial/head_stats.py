@@ -21,6 +21,10 @@ Statistics, for a counted row i with weights :math:`w_{ij}` over its
 Entropy 1 is a uniform spread over the visible keys, 0 all weight on one key.
 Distance needs queries and keys on the same sequence, so it is NaN for
 cross-attention layers.
+
+Pruned models. Tables keep the shape (layers, heads) and the original head
+numbering of ``head_mask``: a head that ``prune_heads`` removed gets NaN in
+every statistic, and the role ``n/a``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import math
 
 import torch
 
+from . import _validate as validate
 from .maps import _forward, _LayerMasks, layer_masks
 from .tasks import get_task, render_date
 
@@ -113,8 +118,31 @@ PATTERN_SCORES = {"reversal": _reversal_patterns, "induction": _induction_patter
 
 
 def pattern_scores(model, task_name: str, examples) -> dict[str, dict[str, list[float]]]:
-    """{pattern: {layer name: [mean attention weight on that pattern, one per head]}} for the task's own patterns."""
-    return PATTERN_SCORES[task_name](get_task(task_name), model, list(examples))
+    """{pattern: {layer name: [mean attention weight on that pattern, one per head]}} for the task's own patterns.
+
+    Heads are in their original numbering: a head pruned from the model gets NaN.
+    """
+    task = get_task(task_name)
+    validate.model_for_task(model, task)
+    examples = validate.examples_for(examples, task, "pattern_scores")
+    scores = PATTERN_SCORES[task_name](task, model, examples)
+    layers = dict(model.attention_layers())
+    return {
+        pattern: {
+            name: _by_original_head(values, layers[name].head_ids, model.num_heads) for name, values in by_layer.items()
+        }
+        for pattern, by_layer in scores.items()
+    }
+
+
+def _by_original_head(values: list[float], head_ids: list[int], num_heads: int) -> list[float]:
+    """One value per head still present -> one per original head, NaN for the pruned ones."""
+    if len(head_ids) == num_heads:
+        return values
+    out = [float("nan")] * num_heads
+    for value, h in zip(values, head_ids, strict=True):
+        out[h] = value
+    return out
 
 
 # =====================================================================================================
@@ -129,6 +157,7 @@ def normalized_entropy(
     :math:`-\sum_j w_{ij} \log w_{ij}` (0 log 0 = 0) is divided by :math:`\log n_i`, the entropy of
     a uniform spread over its :math:`n_i` visible keys. The mean is over all counted rows.
     """
+    validate.entropy_inputs(weights, keep, query_real)
     if weights.dim() != 4 or keep.shape != (weights.shape[0], *weights.shape[2:]):
         raise ValueError(
             f"weights must be (B, H, Q, K) and keep (B, Q, K); got {tuple(weights.shape)} and {tuple(keep.shape)}"
@@ -192,6 +221,19 @@ def _layer_stats(w: torch.Tensor, m: _LayerMasks) -> dict[str, torch.Tensor]:
     return stats
 
 
+def _original_heads(w: torch.Tensor, m: _LayerMasks, head_ids: list[int], num_heads: int) -> dict[str, torch.Tensor]:
+    """``_layer_stats`` of a layer whose heads ``head_ids`` are left -> {name: (num_heads,)}, NaN for pruned heads."""
+    if len(head_ids) == num_heads:
+        return _layer_stats(w, m)
+    stats = _layer_stats(w, m) if head_ids else {}
+    out = {}
+    for key in STAT_KEYS:
+        out[key] = torch.full((num_heads,), float("nan"), device=w.device)
+        if head_ids:
+            out[key][head_ids] = stats[key].to(out[key].dtype)
+    return out
+
+
 STAT_KEYS = ("entropy", "distance", "confidence", "first", "self", "prev", "next", "tv_to_nearest")
 PATTERN_KEYS = {  # task pattern (from pattern_scores) -> role name
     "reversal": {"anti_diagonal": "anti-diagonal"},
@@ -215,17 +257,18 @@ def head_stats(model, task_name: str, examples) -> dict[str, torch.Tensor]:
     ``anti_diagonal`` (reversal), ``previous_token`` and ``induction`` (induction),
     ``field_alignment`` (dates, cross-attention).
     Rows count as described in the module docstring (real queries with at least two visible keys).
+    A pruned model keeps the (layers, heads) shape: NaN for the heads it no longer has.
     """
     task = get_task(task_name)
-    examples = [tuple(e) for e in examples]
-    if not examples:
-        raise ValueError("head_stats needs at least one example")
+    validate.model_for_task(model, task)
+    examples = validate.examples_for(examples, task, "head_stats")
     device = next(model.parameters()).device
     batch = task.collate(examples, device)
     weights = _forward(model, task, batch)
     masks = layer_masks(model, task_name, batch)
-    names = [name for name, _ in model.attention_layers()]
-    per_layer = [_layer_stats(weights[name], masks[name]) for name in names]
+    layers = model.attention_layers()
+    names = [name for name, _ in layers]
+    per_layer = [_original_heads(weights[name], masks[name], layer.head_ids, model.num_heads) for name, layer in layers]
     out = {key: torch.stack([s[key] for s in per_layer]).float().cpu() for key in STAT_KEYS}
     was_training = model.training
     model.eval()
@@ -256,6 +299,7 @@ def role_labels(
 
     Rules, first match wins:
 
+    0. ``n/a``: no entropy for this head (NaN): a head pruned from the model, or no query that counts;
     1. a task pattern (anti-diagonal, previous-token, induction, aligned) that gets at least
        ``pattern_threshold`` of the head's weight: the head puts more weight on the pattern's key(s)
        than on all other keys together, several times chance (about 1 / number of visible keys);
@@ -272,7 +316,7 @@ def role_labels(
     """
     if "entropy" not in stats or "tv_to_nearest" not in stats:
         raise ValueError("role_labels needs the dict returned by head_stats")
-    L, H = stats["entropy"].shape
+    L, H = validate.head_stats_dict(stats)
     patterns = [k for k in stats if k not in STAT_KEYS]
     names = {k: r for task in PATTERN_KEYS.values() for k, r in task.items()}
     labels = []
@@ -285,7 +329,9 @@ def role_labels(
                 scored = [s for s in scored if s[0] >= threshold]
                 return max(scored)[1] if scored else None
 
-            if (k := best(patterns, pattern_threshold)) is not None:
+            if math.isnan(float(stats["entropy"][l, h])):
+                role = "n/a"
+            elif (k := best(patterns, pattern_threshold)) is not None:
                 role = names.get(k, k)
             elif (k := best(GENERIC_ROLES, focus_threshold)) is not None:
                 role = GENERIC_ROLES[k]
@@ -304,7 +350,8 @@ def stats_table(stats: dict[str, torch.Tensor], layer_names, roles=None, columns
     """A pandas DataFrame with one row per head (index: layer, head) and one column per statistic."""
     import pandas as pd
 
-    L, H = stats["entropy"].shape
+    L, H = validate.head_stats_dict(stats)
+    validate.stats_labels(stats, layer_names, roles, columns)
     if len(layer_names) != L:
         raise ValueError(f"{len(layer_names)} layer names for {L} layers")
     columns = list(columns) if columns is not None else list(stats)
@@ -323,10 +370,10 @@ def plot_head_stats(stats: dict[str, torch.Tensor], layer_names, roles, columns,
     """
     import matplotlib.pyplot as plt
 
-    L, H = stats["entropy"].shape
-    unknown = [c for c in columns if c not in stats]
-    if unknown:
-        raise ValueError(f"unknown statistics {unknown}; available: {sorted(stats)}")
+    L, H = validate.head_stats_dict(stats)
+    validate.stats_labels(stats, layer_names, roles, columns)
+    if len(layer_names) != L:
+        raise ValueError(f"{len(layer_names)} layer names for {L} layers")
     patterns = {k for task in PATTERN_KEYS.values() for k in task}
     if thresholds is None:
         thresholds = {"entropy": 0.8, **{k: 0.5 for k in [*patterns, *GENERIC_ROLES]}}

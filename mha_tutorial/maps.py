@@ -12,13 +12,15 @@ Masks are bool with True = "may attend" (as in ``masks.py``).
 from __future__ import annotations
 
 import datetime
+import inspect
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import _validate as validate
 from .masks import causal_mask
 from .tasks import PAD, get_task, render_date
-from .viz import _is_label_list, _per_layer, plot_head_grid
+from .viz import _head_grid, _is_label_list, _per_layer, plot_head_grid
 
 __all__ = ["AttentionMaps", "average_attention", "collect_attention", "date_field_labels", "layer_masks"]
 
@@ -29,7 +31,9 @@ class AttentionMaps:
 
     weights[l]: (H, Q_l, K_l) CPU tensor; keep[l]: (Q_l, K_l) bool, True = the query may attend;
     query_labels[l] / key_labels[l]: the tokens along the axes; axis_labels[l]: (y label, x label);
-    count: how many examples were averaged (1 for one example).
+    count: how many examples were averaged (1 for one example); head_ids[l]: the original numbers of
+    layer l's heads (``MultiHeadAttention.head_ids``: a pruned layer has fewer heads, H_l of them;
+    empty = 0, 1, 2, ...).
     """
 
     layer_names: list[str]
@@ -39,9 +43,11 @@ class AttentionMaps:
     keep: list[torch.Tensor]
     axis_labels: list[tuple[str, str]] = field(default_factory=list)
     count: int = 1
+    head_ids: list[list[int]] = field(default_factory=list)
 
     def select(self, *names: str) -> AttentionMaps:
         """Only the layers called ``names`` (e.g. ``maps.select("dec.0.cross")``)."""
+        validate.layer_selection(names)
         unknown = [n for n in names if n not in self.layer_names]
         if unknown:
             raise ValueError(f"unknown layers {unknown}; this model has {self.layer_names}")
@@ -55,6 +61,7 @@ class AttentionMaps:
             key_labels=pick(self.key_labels),
             keep=pick(self.keep),
             axis_labels=pick(self.axis_labels),
+            head_ids=pick(self.head_ids) if self.head_ids else [],
         )
 
     def relabel(self, query_labels=None, key_labels=None) -> AttentionMaps:
@@ -65,16 +72,14 @@ class AttentionMaps:
         return replace(self, query_labels=[list(x) for x in q], key_labels=[list(x) for x in k])
 
     def plot(self, **kwargs):
-        """``plot_head_grid`` with this object's weights, labels, masks and layer names."""
+        """``plot_head_grid`` with this object's weights, labels, masks and layer names; its panels are
+        titled with the heads' original numbers (``head_ids``), which differ from 0, 1, 2 in a pruned layer."""
         kwargs.setdefault("axis_labels", self.axis_labels or ("query", "key"))
-        return plot_head_grid(
-            self.weights,
-            self.query_labels,
-            self.key_labels,
-            layer_names=self.layer_names,
-            keep=self.keep,
-            **kwargs,
+        call = inspect.signature(plot_head_grid).bind(
+            self.weights, self.query_labels, self.key_labels, layer_names=self.layer_names, keep=self.keep, **kwargs
         )
+        call.apply_defaults()
+        return _head_grid(call.arguments, head_ids=self.head_ids or None)
 
 
 @dataclass
@@ -109,7 +114,8 @@ def layer_masks(model, task_name: str, batch) -> dict[str, _LayerMasks]:
     decoder side is right-padded (induction) says so in ``batch.tgt_valid_lens``: padded queries are not real tokens (a causal
     mask already keeps real queries off the padded keys).
     """
-    get_task(task_name)  # a clear error for an unknown task name
+    validate.model_for_task(model, get_task(task_name))
+    validate.task_batch(batch)
     enc_len, dec_len = _real_lengths(batch)
     out = {}
     for name, _ in model.attention_layers():
@@ -159,22 +165,26 @@ def collect_attention(model, task_name: str, example, pad_to: int | None = None)
     Labels. Encoder layers: the source characters; reversal's query rows are labelled with the letter
     that position writes (its target), so a head looks at the right key when row and column labels
     agree. Induction (decoder only): the sequence; the right-padding the batch adds is cut off, since
-    no real query can see it. Dates decoder: a query
-    row is labelled with the character that position *writes* (its target), a self-attention key
-    with the token the position *reads* (``<bos>`` or the previous output), and cross-attention keys
-    with the source characters.
+    no real query can see it. Dates decoder: a query row is labelled with the character that position
+    *writes* (its target), a self-attention key with the token the position *reads* (``<bos>`` or the
+    previous output), and cross-attention keys with the source characters.
 
     ``pad_to`` (tasks with padding, i.e. dates): right-pad the source to this many positions, as a
     short example is padded in a batch with longer ones; its padded keys appear masked.
+
+    A pruned model works: a layer's weights have one entry per head left; ``head_ids`` numbers them.
     """
     task = get_task(task_name)
+    validate.model_for_task(model, task)
+    example = validate.example_for(example, task)
     device = next(model.parameters()).device
-    batch = task.collate([tuple(example)], device)
+    batch = task.collate([example], device)
     if pad_to is not None:
         if batch.valid_lens is None:
             raise ValueError(
                 f"task {task_name!r} has no padding (its sequences all have one length): pad_to is not for it"
             )
+        validate.pad_to(pad_to, model.config.max_len)
         S = batch.src.shape[1]
         if pad_to < S:
             raise ValueError(f"pad_to={pad_to} is shorter than the example's {S} source characters")
@@ -184,6 +194,7 @@ def collect_attention(model, task_name: str, example, pad_to: int | None = None)
     src, tgt_in, tgt_out = _tokens(task, batch, 0)
     n_dec = int(batch.tgt_valid_lens[0]) if batch.tgt_valid_lens is not None else None  # drop right-padding
     maps = AttentionMaps([], [], [], [], [], [])
+    heads = dict(model.attention_layers())
     for name, w in weights.items():
         m = masks[name]
         part, _, kind = name.split(".")
@@ -205,6 +216,7 @@ def collect_attention(model, task_name: str, example, pad_to: int | None = None)
         maps.key_labels.append(list(k))
         maps.keep.append(keep)
         maps.axis_labels.append(axis)
+        maps.head_ids.append(list(heads[name].head_ids))
     return maps
 
 
@@ -215,11 +227,12 @@ def average_attention(model, task_name: str, examples, batch_size: int = 500) ->
     key k; a cell that exists in no example is masked. Averaging by position only makes sense when
     positions mean the same thing in every example (equal lengths, one format), so pass a
     position-aligned set. Labels are the positions 0, 1, 2, ... (``relabel`` them for the plot).
+    A pruned model works as in ``collect_attention``.
     """
     task = get_task(task_name)
-    examples = [tuple(e) for e in examples]
-    if not examples:
-        raise ValueError("average_attention needs at least one example")
+    validate.model_for_task(model, task)
+    examples = validate.examples_for(examples, task, "average_attention")
+    validate.positive_count(batch_size, "batch_size")
     device = next(model.parameters()).device
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, torch.Tensor] = {}
@@ -239,6 +252,7 @@ def average_attention(model, task_name: str, examples, batch_size: int = 500) ->
             else:
                 sums[name], counts[name] = s, c
     maps = AttentionMaps([], [], [], [], [], [], count=len(examples))
+    heads = dict(model.attention_layers())
     for name in sums:
         c = counts[name]
         mean = sums[name] / c.clamp_min(1)  # (H, Q, K)
@@ -256,6 +270,7 @@ def average_attention(model, task_name: str, examples, batch_size: int = 500) ->
         maps.key_labels.append([str(j) for j in range(K)])
         maps.keep.append(keep)
         maps.axis_labels.append(axis)
+        maps.head_ids.append(list(heads[name].head_ids))
     return maps
 
 
@@ -265,6 +280,7 @@ def _grow(x: torch.Tensor, Q: int, K: int) -> torch.Tensor:
 
 def date_field_labels(fmt: str) -> list[str]:
     """One label per source character of a fixed-width date format, naming its field (``dd.mm.YYYY``)."""
+    validate.date_format(fmt)
     text, spans = render_date(datetime.date(2000, 10, 20), fmt)  # a date whose fields have their longest widths
     letters = {"year": "Y", "month": "m", "day": "d", "weekday": "w"}
     labels = list(text)

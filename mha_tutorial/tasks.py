@@ -18,6 +18,8 @@ task splits its examples by a hash of a key (the letters / the repeated run /
 the calendar day): one in ten keys is *held out*. Training draws only the other
 nine, the committed splits only held-out ones, so no evaluation example (and,
 for dates, no evaluation day) is ever seen in training.
+The ``Batch`` of tensors and the ``Task`` base class that all three share are in
+``task_base``.
 
     task = get_task("dates")
     batch = task.make_batch(64, torch.Generator().manual_seed(0))   # a Batch of tensors
@@ -28,177 +30,22 @@ for dates, no evaluation day) is ever seen in training.
 from __future__ import annotations
 
 import datetime
-import random
 import string
-import zlib
-from dataclasses import dataclass, fields
-from importlib import resources
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
+from . import _validate as validate
 from .model import ModelConfig
 
-__all__ = ["Batch", "DATE_FORMATS", "Task", "TASKS", "get_task", "load_split", "render_date"]
+# What every task shares lives in task_base; it stays importable from here (tasks.Task, tasks.DATA_DIR, ...).
+from .task_base import BOS, PAD, SPLIT_SEEDS, Batch, Task
+from .task_base import DATA_DIR as DATA_DIR
+from .task_base import HOLDOUT_MODULUS as HOLDOUT_MODULUS
+from .task_base import SPLIT_SIZE as SPLIT_SIZE
+from .task_base import is_heldout as is_heldout
 
-# Package data (pyproject.toml ships it in the wheel), so splits and checkpoints load from any install.
-DATA_DIR = Path(str(resources.files("mha_tutorial") / "data"))
-SPLIT_SEEDS = {"eval": 1000, "importance": 2000}  # seeds of the committed splits
-SPLIT_SIZE = 1000  # examples per committed split
-HOLDOUT_MODULUS = 10  # one key in HOLDOUT_MODULUS is held out of training
-
-PAD, BOS = "<pad>", "<bos>"
-
-
-def is_heldout(key: str) -> bool:
-    """True for the one key in ten that training never sees (CRC-32 of the key, mod 10 == 0)."""
-    return zlib.crc32(key.encode("utf-8")) % HOLDOUT_MODULUS == 0
-
-
-@dataclass
-class Batch:
-    """Tensors for one batch; fields a task does not use are None.
-
-    src (B, S) encoder ids, valid_lens (B,) encoder lengths, tgt_in (B, T)
-    decoder input ids, tgt_out (B, T) target ids, loss_mask (B, T) bool
-    (True = this position counts in loss and accuracy), tgt_valid_lens (B,)
-    real decoder tokens when the decoder side is right-padded (None when every
-    position is real), examples: the raw rows.
-    """
-
-    src: torch.Tensor | None = None
-    valid_lens: torch.Tensor | None = None
-    tgt_in: torch.Tensor | None = None
-    tgt_out: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None
-    tgt_valid_lens: torch.Tensor | None = None
-    examples: list | None = None
-
-    def to(self, device) -> Batch:
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for k, v in moved.items():
-            if isinstance(v, torch.Tensor):
-                moved[k] = v.to(device)
-        return Batch(**moved)
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-
-class Task:
-    """Base class: sampling, tensors, the shared loss/metric and the committed splits."""
-
-    name: str
-    model_kind: str
-    columns: tuple[str, ...]
-    src_vocab: list[str]
-    tgt_vocab: list[str]
-
-    def __init__(self):
-        self.src_stoi = {t: i for i, t in enumerate(self.src_vocab)}
-        self.tgt_stoi = {t: i for i, t in enumerate(self.tgt_vocab)}
-
-    # ---- examples --------------------------------------------------------------------------
-    def draw(self, rng: random.Random) -> tuple[str, ...]:
-        raise NotImplementedError
-
-    def key(self, example: tuple[str, ...]) -> str:
-        """The string whose hash decides whether an example is held out."""
-        return example[0]
-
-    def sample(self, n: int, seed: int, heldout: bool = False) -> list[tuple[str, ...]]:
-        """``n`` examples from ``random.Random(seed)``: training ones, or held-out ones when ``heldout``."""
-        rng, out = random.Random(seed), []
-        while len(out) < n:
-            example = self.draw(rng)
-            if is_heldout(self.key(example)) == heldout:
-                out.append(example)
-        return out
-
-    def make_batch(self, batch_size: int, generator: torch.Generator | None = None, device=None) -> Batch:
-        """A fresh training batch; the torch ``generator`` makes the stream reproducible."""
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        return self.collate(self.sample(batch_size, seed), device)
-
-    def collate(self, examples, device=None) -> Batch:
-        raise NotImplementedError
-
-    # ---- tokens ----------------------------------------------------------------------------
-    @staticmethod
-    def _check_side(side) -> None:
-        if side not in ("src", "tgt"):
-            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
-
-    def encode(self, text: str, side: str = "src") -> list[int]:
-        """Characters -> ids in the ``src`` or ``tgt`` vocabulary (every token here is one character)."""
-        self._check_side(side)
-        stoi = self.src_stoi if side == "src" else self.tgt_stoi
-        try:
-            return [stoi[c] for c in text]
-        except KeyError as e:
-            raise ValueError(f"{self.name}: character {e.args[0]!r} is not in the {side} vocabulary") from None
-
-    def decode(self, ids, side: str = "tgt", strip_special: bool = True) -> str:
-        """Ids -> string; special tokens (<pad>, <bos>) are dropped unless ``strip_special=False``."""
-        self._check_side(side)
-        vocab = self.src_vocab if side == "src" else self.tgt_vocab
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(vocab)]
-        if bad:  # a negative id would silently index from the end of the vocabulary
-            raise ValueError(
-                f"{self.name}: ids must be ints in [0, {len(vocab) - 1}] ({side} vocabulary), got {bad[:5]}"
-            )
-        return "".join(vocab[i] for i in ids if not (strip_special and vocab[i] in (PAD, BOS)))
-
-    # ---- model -----------------------------------------------------------------------------
-    def default_config(self) -> ModelConfig:
-        raise NotImplementedError
-
-    def forward(self, model, batch: Batch, head_mask=None) -> torch.Tensor:
-        """Teacher-forced logits (B, T, tgt_vocab) for ``batch``."""
-        raise NotImplementedError
-
-    def loss_and_accuracy(self, model, batch: Batch, head_mask=None) -> tuple[torch.Tensor, float]:
-        """(mean cross-entropy over the positions in ``loss_mask``, accuracy in [0, 1]).
-
-        The loss keeps its graph (so it can be differentiated, e.g. with respect
-        to ``head_mask``). Accuracy is per token for reversal and induction and
-        whole-date exact match under greedy decoding for dates.
-        """
-        logits = self.forward(model, batch, head_mask)  # (B, T, V)
-        mask = batch.loss_mask  # (B, T)
-        loss = F.cross_entropy(logits[mask], batch.tgt_out[mask])
-        correct = (logits.argmax(-1) == batch.tgt_out)[mask]
-        return loss, float(correct.float().mean())
-
-    # ---- committed splits --------------------------------------------------------------------
-    def split_path(self, split: str) -> Path:
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"unknown split {split!r}; known: {sorted(SPLIT_SEEDS)}")
-        return DATA_DIR / f"{self.name}_{split}.tsv"
-
-    def generate_split(self, split: str) -> list[tuple[str, ...]]:
-        """The examples of a committed split, regenerated from its seed."""
-        self.split_path(split)  # validates the name
-        return self.sample(SPLIT_SIZE, SPLIT_SEEDS[split], heldout=True)
-
-    def write_split(self, split: str, path: Path | None = None) -> Path:
-        path = Path(path) if path is not None else self.split_path(split)
-        lines = ["\t".join(self.columns)] + ["\t".join(row) for row in self.generate_split(split)]
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        return path
-
-    def load_split(self, split: str = "eval") -> list[tuple[str, ...]]:
-        path = self.split_path(split)
-        if not path.exists():
-            raise FileNotFoundError(f"{path} is missing; recreate it with: python -m mha_tutorial.tasks --write-splits")
-        lines = path.read_text(encoding="utf-8").splitlines()
-        if not lines or tuple(lines[0].split("\t")) != self.columns:
-            raise ValueError(f"{path}: expected header {self.columns}, got {lines[:1]}")
-        return [tuple(line.split("\t")) for line in lines[1:]]
-
-    # ---- interpretability ----------------------------------------------------------------------
+__all__ = ["DATE_FORMATS", "TASKS", "get_task", "load_split", "render_date"]
 
 
 def _lengths_to_tensor(lengths, device=None):
@@ -220,9 +67,19 @@ class ReversalTask(Task):
         return (src, src[::-1])
 
     def collate(self, examples, device=None):
-        src = torch.tensor([self.encode(s) for s, _ in examples], device=device)  # (B, L)
-        tgt = torch.tensor([self.encode(t, "tgt") for _, t in examples], device=device)  # (B, L)
-        return Batch(src=src, tgt_out=tgt, loss_mask=torch.ones_like(tgt, dtype=torch.bool), examples=list(examples))
+        examples = validate.examples_for(examples, self, "collate")  # a list of (source, target)
+        src_ids = [self.encode(s) for s, _ in examples]  # a character outside the vocabulary raises here
+        tgt_ids = [self.encode(t, "tgt") for _, t in examples]
+        length = len(examples[0][0])
+        for source, target in examples:
+            if len(source) != length or len(target) != length:
+                raise ValueError(
+                    f"reversal: a batch's sources and targets must all have one length ({length}: "
+                    f"{examples[0][0]!r}), got {(source, target)!r}"
+                )
+        src = torch.tensor(src_ids, device=device)  # (B, L)
+        tgt = torch.tensor(tgt_ids, device=device)  # (B, L)
+        return Batch(src=src, tgt_out=tgt, loss_mask=torch.ones_like(tgt, dtype=torch.bool), examples=examples)
 
     def default_config(self):
         return ModelConfig(
@@ -268,12 +125,20 @@ class InductionTask(Task):
         return example[0][: len(example[0]) // 2]
 
     def collate(self, examples, device=None):
+        examples = validate.examples_for(examples, self, "collate")  # a list of (sequence,)
+        ids = [self.encode(seq, "tgt") for (seq,) in examples]  # a character outside the vocabulary raises here
+        for (seq,) in examples:
+            if len(seq) % 2 or len(seq) > 2 * self.max_run:
+                raise ValueError(
+                    f"induction: a sequence is a run written twice, an even number of letters up to "
+                    f"{2 * self.max_run}; got {seq!r} ({len(seq)} letters)"
+                )
         T = 2 * self.max_run
         tokens = torch.zeros(len(examples), T, dtype=torch.long)  # (B, T), 0 = <pad>
         loss_mask = torch.zeros(len(examples), T, dtype=torch.bool)  # (B, T)
         for b, (seq,) in enumerate(examples):
             n = len(seq) // 2
-            tokens[b, : 2 * n] = torch.tensor(self.encode(seq, "tgt"))
+            tokens[b, : 2 * n] = torch.tensor(ids[b])
             loss_mask[b, n : 2 * n - 1] = True
         targets = torch.cat([tokens[:, 1:], torch.zeros(len(examples), 1, dtype=torch.long)], dim=1)  # (B, T)
         return Batch(
@@ -281,7 +146,7 @@ class InductionTask(Task):
             tgt_out=targets.to(device),
             loss_mask=loss_mask.to(device),
             tgt_valid_lens=torch.tensor([len(seq) for (seq,) in examples], device=device),  # right-padded runs
-            examples=list(examples),
+            examples=examples,
         )
 
     def default_config(self):
@@ -412,11 +277,19 @@ class DatesTask(Task):
         return example[1]
 
     def collate(self, examples, device=None):
-        lens = [len(src) for src, _, _ in examples]
+        examples = validate.examples_for(examples, self, "collate")  # a list of (source, target, format)
+        src_ids = [self.encode(s) for s, _, _ in examples]  # a character outside the vocabulary raises here
+        tgt_ids = [self.encode(t, "tgt") for _, t, _ in examples]
+        for _, target, _ in examples:
+            if len(target) != self.target_len:
+                raise ValueError(
+                    f"dates: a target is a {self.target_len}-character date like 2026-11-21, got {target!r}"
+                )
+        lens = [len(ids) for ids in src_ids]
         src = torch.zeros(len(examples), max(lens), dtype=torch.long)  # (B, S), 0 = <pad>
-        for b, (s, _, _) in enumerate(examples):
-            src[b, : len(s)] = torch.tensor(self.encode(s))
-        tgt = torch.tensor([self.encode(t, "tgt") for _, t, _ in examples])  # (B, 10)
+        for b, ids in enumerate(src_ids):
+            src[b, : len(ids)] = torch.tensor(ids)
+        tgt = torch.tensor(tgt_ids)  # (B, 10)
         bos = torch.full((len(examples), 1), self.tgt_stoi[BOS], dtype=torch.long)
         tgt_in = torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, 10): <bos> y0 .. y8
         return Batch(
@@ -425,7 +298,7 @@ class DatesTask(Task):
             tgt_in=tgt_in.to(device),
             tgt_out=tgt.to(device),
             loss_mask=torch.ones_like(tgt, dtype=torch.bool, device=device),
-            examples=list(examples),
+            examples=examples,
         )
 
     def default_config(self):

@@ -22,12 +22,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm  # the plain text bar: tqdm.auto would need ipywidgets (not installed) in notebooks
 
+from . import _validate as validate
 from .device import get_device
 from .model import ModelConfig, TinyTransformer, build_model
 from .tasks import DATA_DIR, get_task
 
 __all__ = [
     "DEFAULT_SETTINGS",
+    "CheckpointNotFoundError",
     "TrainSettings",
     "evaluate",
     "load_pretrained",
@@ -38,6 +40,10 @@ __all__ = [
 
 CHECKPOINT_DIR = DATA_DIR / "checkpoints"
 CHECKPOINT_FORMAT = 1
+
+
+class CheckpointNotFoundError(FileNotFoundError, ValueError):
+    """No file at a checkpoint's path: a ``FileNotFoundError``, and a ``ValueError`` like every other bad argument."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,9 @@ def evaluate(
     {"loss": float, "accuracy": float, "n": number of examples}.
     """
     task = get_task(task_name)
-    examples = task.load_split(split) if examples is None else list(examples)
-    if not examples:
-        raise ValueError(f"evaluate needs at least one example of task {task_name!r}, got none")
+    validate.model_for_task(model, task)
+    examples = validate.examples_for(task.load_split(split) if examples is None else examples, task, "evaluate")
+    validate.positive_count(batch_size, "batch_size")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -117,6 +123,38 @@ def evaluate(
     finally:
         model.train(was_training)
     return {"loss": total_loss / total_w, "accuracy": total_acc / total_w, "n": len(examples)}
+
+
+def _optimise(model, task, settings: TrainSettings, generator: torch.Generator, progress: bool) -> dict:
+    """``settings.steps`` steps of AdamW (warmup, cosine decay, gradient clipping) on fresh batches drawn with
+    ``generator`` (the batch stream, independent of the initial weights); evaluates every ``settings.eval_every``.
+
+    Returns {"loss": [per step], "lr": [per step], "eval_step": [...], "eval_accuracy": [...]}.
+    """
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, settings))
+    history = {"loss": [], "lr": [], "eval_step": [], "eval_accuracy": []}
+    model.train()
+    bar = tqdm(range(settings.steps), desc=f"train {task.name}", disable=not progress, leave=False)
+    for step in bar:
+        batch = task.make_batch(settings.batch_size, generator, device)
+        logits = task.forward(model, batch)  # (B, T, V)
+        loss = torch.nn.functional.cross_entropy(logits[batch.loss_mask], batch.tgt_out[batch.loss_mask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        opt.step()
+        history["lr"].append(sched.get_last_lr()[0])
+        sched.step()
+        history["loss"].append(loss.item())
+        if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+            history["eval_step"].append(step + 1)
+            history["eval_accuracy"].append(evaluate(model, task.name)["accuracy"])
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", refresh=False)
+    bar.close()
+    return history
 
 
 def train(
@@ -164,37 +202,8 @@ def train(
         start = time.perf_counter()
         torch.manual_seed(seed)
         model = build_model(config).to(device)
-        generator = torch.Generator().manual_seed(seed)  # the batch stream, independent of the init
-        opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, settings))
-        history = {
-            "loss": [],
-            "lr": [],
-            "eval_step": [],
-            "eval_accuracy": [],
-            "settings": asdict(settings),
-            "seed": seed,
-            "device": device.type,
-        }
-        model.train()
-        bar = tqdm(range(settings.steps), desc=f"train {task_name}", disable=not progress, leave=False)
-        for step in bar:
-            batch = task.make_batch(settings.batch_size, generator, device)
-            logits = task.forward(model, batch)  # (B, T, V)
-            loss = torch.nn.functional.cross_entropy(logits[batch.loss_mask], batch.tgt_out[batch.loss_mask])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-            opt.step()
-            history["lr"].append(sched.get_last_lr()[0])
-            sched.step()
-            history["loss"].append(loss.item())
-            if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
-                history["eval_step"].append(step + 1)
-                history["eval_accuracy"].append(evaluate(model, task_name)["accuracy"])
-            if step % 20 == 0:
-                bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", refresh=False)
-        bar.close()
+        history = _optimise(model, task, settings, torch.Generator().manual_seed(seed), progress)
+        history.update(settings=asdict(settings), seed=seed, device=device.type)
         final = evaluate(model, task_name)
         history["eval_step"].append(settings.steps)
         history["eval_accuracy"].append(final["accuracy"])
@@ -216,6 +225,9 @@ def train_command(task_name: str) -> str:
 def save_checkpoint(path, model: TinyTransformer, task_name: str, history: dict) -> Path:
     """Write ``model`` and what made it (``history`` from ``train``) so that
     ``torch.load(path, weights_only=True)`` can read it back."""
+    validate.checkpoint_path(path)
+    validate.model_for_task(model, get_task(task_name))
+    validate.train_history(history)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {
@@ -241,10 +253,17 @@ def save_checkpoint(path, model: TinyTransformer, task_name: str, history: dict)
 
 
 def read_checkpoint(path) -> dict:
-    """The checkpoint dict at ``path``; FileNotFoundError if missing, ValueError if unreadable."""
+    """The checkpoint dict at ``path``.
+
+    Raises ``CheckpointNotFoundError`` (a FileNotFoundError and a ValueError) if there is no file, TypeError if
+    ``path`` is not a path, ValueError, naming the field, if the file is unreadable or a field is missing or
+    malformed: ``task`` (a known task), ``config`` (ModelConfig's fields), ``state_dict`` ({name: tensor},
+    finite), ``metrics`` ({name: number}).
+    """
+    validate.checkpoint_path(path)
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}")
+        raise CheckpointNotFoundError(f"no checkpoint at {path}")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (zip, pickle, EOF, IndexError...)
@@ -258,20 +277,26 @@ def read_checkpoint(path) -> dict:
             f"{path} has checkpoint format {checkpoint['format']!r}; this version of the package reads format "
             f"{CHECKPOINT_FORMAT}: retrain it with python -m mha_tutorial.train (mha_tutorial/data/README.md has the commands)"
         )
+    validate.checkpoint_fields(checkpoint, path)
     return checkpoint
 
 
 def load_pretrained(name: str, path=None, device=None) -> TinyTransformer:
     """The committed model for task ``name`` from ``mha_tutorial/data/checkpoints/<name>.pt`` (in eval mode).
 
-    Raises FileNotFoundError when the file is missing (naming the command that
-    creates it), ValueError when it is corrupt, was trained for another task,
-    or has a configuration different from the task's current ``default_config()``.
+    Raises ``CheckpointNotFoundError`` (a FileNotFoundError and a ValueError) when the file is missing
+    (naming the command that creates it), ValueError when it is corrupt or malformed (see
+    ``read_checkpoint``), was trained for another task, has a configuration different from the task's
+    current ``default_config()``, or weights that do not fit that configuration.
     """
     task = get_task(name)
+    if path is not None:
+        validate.checkpoint_path(path)
     path = Path(path) if path is not None else CHECKPOINT_DIR / f"{name}.pt"
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint for task {name!r} at {path}; create it with: {train_command(name)}")
+        raise CheckpointNotFoundError(
+            f"no checkpoint for task {name!r} at {path}; create it with: {train_command(name)}"
+        )
     checkpoint = read_checkpoint(path)
     if checkpoint["task"] != name:
         raise ValueError(f"{path} was trained for task {checkpoint['task']!r}, not {name!r}")
@@ -292,7 +317,9 @@ def load_pretrained(name: str, path=None, device=None) -> TinyTransformer:
     try:
         model.load_state_dict(checkpoint["state_dict"])
     except RuntimeError as e:
-        raise ValueError(f"{path}: weights do not fit the configured model: {e}") from None
+        raise ValueError(
+            f"{path}: weights do not fit the configured model (field 'state_dict' vs 'config'): {e}"
+        ) from None
     model.metrics = dict(checkpoint["metrics"])
     return model.to(device if device is not None else get_device()).eval()
 

@@ -12,12 +12,17 @@ import contextlib
 import math
 import os
 
-import pytest
-import torch
+import matplotlib
+
+matplotlib.use("Agg")  # figures are drawn, never shown, in every test
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import HealthCheck, settings
-from torch import nn
-from torch.nn import functional as F
-from torch.overrides import TorchFunctionMode
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 # Property tests: derandomized by default so that `make test` gives the same
 # verdict on every run; HYPOTHESIS_PROFILE=explore searches more, at random.
@@ -169,3 +174,29 @@ def explode_projections(mha: nn.Module) -> nn.Module:
         w = old.weight
         setattr(mha, name, ExplodingLinear(*w.shape[::-1], bias=old.bias is not None, dtype=w.dtype, device=w.device))
     return mha
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The three committed checkpoints, loaded fresh for each test module (some tests prune them in place)."""
+    from mha_tutorial.train import load_pretrained
+
+    return {name: load_pretrained(name, device="cpu") for name in ("reversal", "induction", "dates")}
+
+
+def fails_with(check, fn, *fragments):
+    """``check(fn)`` must raise CheckFailed with every fragment in its message; returns the message."""
+    from mha_tutorial.checks import CheckFailed
+
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    return message

@@ -31,6 +31,7 @@ API_MODULES = [
     "mha",
     "variants",
     "tasks",
+    "task_base",
     "model",
     "train",
     "viz",
@@ -38,6 +39,7 @@ API_MODULES = [
     "head_stats",
     "pruning",
     "bench",
+    "bench_report",
     "checks",
     "device",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 
@@ -32,59 +33,63 @@ class _NoForward(MultiHeadAttention):
         )
 
 
-def _variant(  # noqa: PLR0913 -- known debt (issue 10): one switch per named mistake
-    net,
-    queries,
-    keys,
-    values,
-    valid_lens=None,
-    *,
-    scale="head",
-    use_wo=True,
-    concat="blocks",
-    lens="interleave",
-    split=True,
-    softmax_dim=-1,
-):
-    """Multi-head attention with switchable mistakes; the defaults give the right answer.
+@dataclass(frozen=True)
+class _Switches:
+    """The mistakes ``_variant`` can make; the defaults make none."""
+
+    scale: str | None = "head"  # "head": 1/sqrt(d); "model": 1/sqrt(num_hiddens); None: no scale
+    use_wo: bool = True  # the concatenated heads go through W_o
+    concat: str = "blocks"  # "blocks" (right), "interleaved" (merged as (d, H)) or "reversed" (last head first)
+    lens: str = "interleave"  # valid_lens per example ("interleave"), tiled with repeat ("repeat") or "ignore"d
+    split: bool = True  # False: one head over all num_hiddens features
+    softmax_dim: int = -1  # the axis the softmax normalises (-1: the keys)
+
+
+def _variant(net, queries, keys, values, valid_lens=None, **switches):
+    """Multi-head attention with switchable mistakes (the fields of ``_Switches``); the defaults give the right
+    answer.
 
     Written on (B, H, T, d) tensors, independently of ``transpose_qkv``.
     """
-    H = net.num_heads if split else 1
-    D = net.num_hiddens
-    d = D // H
-    B = queries.shape[0]
+    m = _Switches(**switches)
+    H = net.num_heads if m.split else 1
+    d = net.num_hiddens // H
 
     def heads(x):  # (B, T, D) -> (B, H, T, d)
         return x.unflatten(-1, (H, d)).transpose(1, 2)
 
     q, k, v = heads(net.W_q(queries)), heads(net.W_k(keys)), heads(net.W_v(values))
-    scores = q @ k.transpose(-2, -1)  # (B, H, Q, K)
-    if scale == "head":
-        scores = scores / math.sqrt(d)
-    elif scale == "model":
-        scores = scores / math.sqrt(D)
-    keep = None
-    if valid_lens is not None and lens != "ignore":
-        if lens == "interleave":
-            keep = padding_mask(valid_lens, keys.shape[1])[:, None]  # (B, 1, 1, K)
-        else:  # "repeat": row b*H + h of the folded batch wrongly gets valid_lens[(b*H + h) mod B]
-            tiled = valid_lens.repeat(H)  # (B*H,)
-            keep = padding_mask(tiled, keys.shape[1]).view(B, H, 1, keys.shape[1])
-    if softmax_dim == -1:
-        weights = masked_softmax(scores, mask=keep)
-    else:
-        if keep is not None:
-            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=softmax_dim)
-    out = weights @ v  # (B, H, Q, d)
-    if concat == "blocks":
+    out = _variant_weights(q, k, valid_lens, m) @ v  # (B, H, Q, d)
+    if m.concat == "blocks":
         cat = out.transpose(1, 2).flatten(2)  # (B, Q, H*d), head h in features h*d .. (h+1)*d - 1
-    elif concat == "interleaved":
+    elif m.concat == "interleaved":
         cat = out.permute(0, 2, 3, 1).flatten(2)  # (B, Q, d*H): feature j of every head, then j+1, ...
     else:  # "reversed"
         cat = out.flip(1).transpose(1, 2).flatten(2)
-    return net.W_o(cat) if use_wo else cat
+    return net.W_o(cat) if m.use_wo else cat
+
+
+def _variant_weights(q, k, valid_lens, m: _Switches):
+    """The attention weights (B, H, Q, K) of ``q`` (B, H, Q, d) over ``k`` (B, H, K, d), with ``m``'s mistakes."""
+    B, H, _, d = q.shape
+    num_keys = k.shape[2]
+    scores = q @ k.transpose(-2, -1)  # (B, H, Q, K)
+    if m.scale == "head":
+        scores = scores / math.sqrt(d)
+    elif m.scale == "model":
+        scores = scores / math.sqrt(H * d)  # H * d = num_hiddens
+    keep = None
+    if valid_lens is not None and m.lens != "ignore":
+        if m.lens == "interleave":
+            keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1, K)
+        else:  # "repeat": row b*H + h of the folded batch wrongly gets valid_lens[(b*H + h) mod B]
+            tiled = valid_lens.repeat(H)  # (B*H,)
+            keep = padding_mask(tiled, num_keys).view(B, H, 1, num_keys)
+    if m.softmax_dim == -1:
+        return masked_softmax(scores, mask=keep)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=m.softmax_dim)
 
 
 _MISTAKES = [
@@ -283,6 +288,48 @@ def _zero_wv_rows_not_bias(m, cols):
     m.W_v.weight[cols] = 0
 
 
+def _head_off_mistakes(net, X, h):
+    """(message, what that mistake computes) for the ways of switching head ``h`` of ``net`` off wrongly."""
+    candidates = [
+        ("nothing was switched off: this is the output with all heads on", MultiHeadAttention.forward(net, X, X, X)),
+        (
+            "zeroed rows of W_o.weight: nn.Linear stores its weight as (out_features, in_features), so "
+            "head h's part of the concatenation is the columns W_o.weight[:, h*d:(h+1)*d]",
+            _off_by_weights(net, X, h, _zero_rows_of_wo),
+        ),
+        (
+            "zeroing W_q's rows of head h only makes that head attend uniformly: it still adds the "
+            "average of its values; zero its contribution (W_o's columns, or W_v's rows and bias) instead",
+            _off_by_weights(net, X, h, _zero_wq_rows),
+        ),
+    ]
+    if net.W_o.bias is not None:
+        candidates.append(
+            (
+                "zeroed W_o's bias as well: the bias belongs to no head, switching one head off leaves it",
+                _off_by_weights(net, X, h, _zero_cols_and_bias_of_wo),
+            )
+        )
+        candidates.append(
+            (
+                "zeroed W_v's weight rows for head h but not its bias: the head still passes on the bias",
+                _off_by_weights(net, X, h, _zero_wv_rows_not_bias),
+            )
+        )
+    for j in range(net.num_heads):
+        if j != h:
+            gates = torch.ones(net.num_heads)
+            gates[j] = 0
+            candidates.append(
+                (
+                    f"switched off head {j} instead of head {h}: head h owns features h*d .. (h+1)*d - 1 "
+                    f"with d = num_hiddens / num_heads = {net.head_size}",
+                    MultiHeadAttention.forward(net, X, X, X, head_mask=gates),
+                )
+            )
+    return candidates
+
+
 @friendly
 def check_head_off(fn) -> None:
     """``fn(net, X, h)`` -> self-attention output of ``net`` on X with head h switched off, without head_mask."""
@@ -312,47 +359,7 @@ def check_head_off(fn) -> None:
         if torch.allclose(actual, expected, atol=1e-5, rtol=1e-5):
             continue
         with torch.no_grad():
-            candidates = [
-                (
-                    "nothing was switched off: this is the output with all heads on",
-                    MultiHeadAttention.forward(net, X, X, X),
-                ),
-                (
-                    "zeroed rows of W_o.weight: nn.Linear stores its weight as (out_features, in_features), so "
-                    "head h's part of the concatenation is the columns W_o.weight[:, h*d:(h+1)*d]",
-                    _off_by_weights(net, X, h, _zero_rows_of_wo),
-                ),
-                (
-                    "zeroing W_q's rows of head h only makes that head attend uniformly: it still adds the "
-                    "average of its values; zero its contribution (W_o's columns, or W_v's rows and bias) instead",
-                    _off_by_weights(net, X, h, _zero_wq_rows),
-                ),
-            ]
-            if net.W_o.bias is not None:
-                candidates.append(
-                    (
-                        "zeroed W_o's bias as well: the bias belongs to no head, switching one head off leaves it",
-                        _off_by_weights(net, X, h, _zero_cols_and_bias_of_wo),
-                    )
-                )
-                candidates.append(
-                    (
-                        "zeroed W_v's weight rows for head h but not its bias: the head still passes on the bias",
-                        _off_by_weights(net, X, h, _zero_wv_rows_not_bias),
-                    )
-                )
-            for j in range(H):
-                if j != h:
-                    gates = torch.ones(H)
-                    gates[j] = 0
-                    candidates.append(
-                        (
-                            f"switched off head {j} instead of head {h}: head h owns features h*d .. (h+1)*d - 1 "
-                            f"with d = num_hiddens / num_heads = {net.head_size}",
-                            MultiHeadAttention.forward(net, X, X, X, head_mask=gates),
-                        )
-                    )
-            for message, wrong in candidates:
+            for message, wrong in _head_off_mistakes(net, X, h):
                 if torch.allclose(actual, wrong, atol=1e-5, rtol=1e-5):
                     raise CheckFailed(f"{case}: {message}")
         expect_close(actual, expected, case)

@@ -214,7 +214,7 @@ def _same(a: float, b: float) -> bool:
 
 
 @friendly
-def check_masked_loss_and_accuracy(fn) -> None:  # noqa: C901 -- known debt (issue 10)
+def check_masked_loss_and_accuracy(fn) -> None:
     """``fn(logits (B, T, V), targets (B, T), loss_mask (B, T) bool)`` -> (loss tensor, accuracy float)."""
     cases = _loss_cases()
     for logits, targets, mask, case in cases:
@@ -224,40 +224,50 @@ def check_masked_loss_and_accuracy(fn) -> None:  # noqa: C901 -- known debt (iss
             raise CheckFailed(f"{case}: return a pair (loss, accuracy), got {type(result).__name__}")
         loss, accuracy = result
         expected_loss, expected_acc = reference_masked_loss_and_accuracy(logits, targets, mask)
-
-        if not isinstance(loss, torch.Tensor):
-            raise CheckFailed(
-                f"{case}: the loss is a {type(loss).__name__}; return it as a tensor, without .item() or "
-                "float(), so that training can call loss.backward()"
-            )
-        if loss.numel() != 1:
-            raise CheckFailed(
-                f"{case}: the loss has shape {tuple(loss.shape)}; it must be one number, the mean over the "
-                "counted positions"
-            )
-        if not loss.requires_grad:
-            raise CheckFailed(
-                f"{case}: the loss is cut off from the logits (no grad_fn): compute it with tensor operations "
-                "only (no .item(), .detach() or torch.no_grad), so that loss.backward() reaches the model"
-            )
-        loss_value = float(loss.detach().reshape(()))
-        if not _same(loss_value, float(expected_loss)):
-            for message, wrong in _loss_mistakes(logits, targets, mask):
-                if _same(loss_value, float(wrong)):
-                    raise CheckFailed(f"{case}: loss {loss_value:.4f}: {message}")
-            raise CheckFailed(f"{case}: loss {loss_value:.4f}, expected {float(expected_loss):.4f}")
-
-        if isinstance(accuracy, torch.Tensor) and accuracy.numel() == 1:
-            accuracy = accuracy.detach().reshape(()).item()
-        if isinstance(accuracy, bool) or not isinstance(accuracy, numbers.Real):
-            raise CheckFailed(f"{case}: return the accuracy as a float, got {type(accuracy).__name__}")
-        accuracy = float(accuracy)
-        if not _same(accuracy, expected_acc):
-            for message, wrong in _accuracy_mistakes(logits, targets, mask):
-                if _same(accuracy, wrong):
-                    raise CheckFailed(f"{case}: accuracy {accuracy:.4f}: {message}")
-            raise CheckFailed(f"{case}: accuracy {accuracy:.4f}, expected {expected_acc:.4f}")
+        _check_loss(loss, float(expected_loss), (logits, targets, mask), case)
+        _check_accuracy(accuracy, expected_acc, (logits, targets, mask), case)
     passed("check_masked_loss_and_accuracy", len(cases))
+
+
+def _check_loss(loss, expected: float, inputs: tuple, case: str) -> None:
+    """The learner's loss: a one-number tensor attached to the logits' graph, equal to ``expected``;
+    else the message of the mistake it reproduces. ``inputs``: (logits, targets, loss_mask)."""
+    if not isinstance(loss, torch.Tensor):
+        raise CheckFailed(
+            f"{case}: the loss is a {type(loss).__name__}; return it as a tensor, without .item() or "
+            "float(), so that training can call loss.backward()"
+        )
+    if loss.numel() != 1:
+        raise CheckFailed(
+            f"{case}: the loss has shape {tuple(loss.shape)}; it must be one number, the mean over the "
+            "counted positions"
+        )
+    if not loss.requires_grad:
+        raise CheckFailed(
+            f"{case}: the loss is cut off from the logits (no grad_fn): compute it with tensor operations "
+            "only (no .item(), .detach() or torch.no_grad), so that loss.backward() reaches the model"
+        )
+    loss_value = float(loss.detach().reshape(()))
+    if not _same(loss_value, expected):
+        for message, wrong in _loss_mistakes(*inputs):
+            if _same(loss_value, float(wrong)):
+                raise CheckFailed(f"{case}: loss {loss_value:.4f}: {message}")
+        raise CheckFailed(f"{case}: loss {loss_value:.4f}, expected {expected:.4f}")
+
+
+def _check_accuracy(accuracy, expected: float, inputs: tuple, case: str) -> None:
+    """The learner's accuracy: a number (or one-number tensor) equal to ``expected``; else the message of the
+    mistake it reproduces. ``inputs``: (logits, targets, loss_mask)."""
+    if isinstance(accuracy, torch.Tensor) and accuracy.numel() == 1:
+        accuracy = accuracy.detach().reshape(()).item()
+    if isinstance(accuracy, bool) or not isinstance(accuracy, numbers.Real):
+        raise CheckFailed(f"{case}: return the accuracy as a float, got {type(accuracy).__name__}")
+    accuracy = float(accuracy)
+    if not _same(accuracy, expected):
+        for message, wrong in _accuracy_mistakes(*inputs):
+            if _same(accuracy, wrong):
+                raise CheckFailed(f"{case}: accuracy {accuracy:.4f}: {message}")
+        raise CheckFailed(f"{case}: accuracy {accuracy:.4f}, expected {expected:.4f}")
 
 
 # --------------------------------------------------------------------------- Exercise 3

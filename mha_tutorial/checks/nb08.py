@@ -91,31 +91,13 @@ def _known_mistakes(q, k, valid_lens, shape):
     return mistakes
 
 
-def _diagnose_weights(weights, expected, q, k, valid_lens, case: str) -> None:  # noqa: C901 -- known debt (issue 10)
+def _diagnose_weights(weights, expected, q, k, valid_lens, case: str) -> None:
     """Name the notebook's mistake that ``weights`` (B, H, Q, K) shows, if any; then compare values."""
     B, H, Q, K = expected.shape
     keep = padding_mask(valid_lens, K)[:, None]  # (B, 1, 1, K), True = real key
     empty = (valid_lens == 0)[:, None, None].expand(B, H, Q)  # (B, H, Q): queries with no visible key
-    nan = torch.isnan(weights)  # (B, H, Q, K)
-    if nan.any():
-        padded = ~keep.expand(B, H, Q, K)  # (B, H, Q, K): True where the key is padding
-        if torch.equal(nan, padded) and not padded[~empty].all():
-            raise CheckFailed(
-                f"{case}: NaN in every column of a padded key, for all queries: the softmax runs over the queries "
-                "(section 5), and a column that is all -inf gives 0 / 0 = NaN. The softmax must be over the keys, "
-                "dim=-1"
-            )
-        if torch.isnan(weights[empty]).all() and not torch.isnan(weights[~empty]).any():
-            raise CheckFailed(
-                f"{case}: NaN on the rows of the empty example (valid length 0). Filling masked scores with -inf "
-                "makes a row with no visible key 0 / 0 = NaN (section 8); fill with torch.finfo(dtype).min and "
-                "zero the empty rows, or call mha_tutorial.masked_softmax(scores, valid_lens)"
-            )
-        raise CheckFailed(
-            f"{case}: the weights contain NaN on rows of examples that do have visible keys. A padding mask "
-            "broadcast along the wrong axis (a (B, K) mask meeting the query axis, or a (B, 1, K) mask the head "
-            "axis; section 3) can hide every key of such a row, and -inf then gives 0 / 0 = NaN (section 8)"
-        )
+    if torch.isnan(weights).any():
+        _diagnose_nan(weights, keep, empty, case)
     if torch.isinf(weights).any():
         raise CheckFailed(f"{case}: the weights contain inf")
     if torch.allclose(weights, expected, atol=1e-5, rtol=1e-5):
@@ -123,41 +105,75 @@ def _diagnose_weights(weights, expected, q, k, valid_lens, case: str) -> None:  
     mistakes = _known_mistakes(q, k, valid_lens, expected.shape)
     diagnose(weights, expected, mistakes, case, atol=1e-5, rtol=1e-5, otherwise=None, mistake_atol=1e-4)
     if empty.any():
-        rows = weights[empty]  # (n, K)
-        if torch.allclose(rows, torch.full_like(rows, 1.0 / K), atol=1e-3):
-            raise CheckFailed(
-                f"{case}: the queries of the empty example (valid length 0) got uniform weights 1/{K}: with a large "
-                "negative fill every score of such a row is equal, so softmax spreads the row evenly over the "
-                "padding (section 8). A query with no visible key must get a row of zeros"
-            )
-        if (rows != 0).any():
-            raise CheckFailed(
-                f"{case}: the queries of the empty example (valid length 0) must get weights of exactly 0, "
-                f"got a row summing to {rows.sum(-1).max().item():.3g}"
-            )
-    row_sums = weights[~empty].sum(-1)  # rows that have a visible key
-    if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4):
-        col_sums = weights.sum(-2)  # (B, H, K)
-        visible = keep[:, :, 0].expand(B, H, K) & ~(valid_lens == 0)[:, None, None]  # (B, H, K)
-        if torch.allclose(col_sums[visible], torch.ones(int(visible.sum())), atol=1e-4):
-            raise CheckFailed(
-                f"{case}: each key's weights sum to 1 over the queries, and the rows do not: the softmax runs over "
-                "the wrong axis (section 5). It must be over the keys, dim=-1"
-            )
-        head_sums = weights.sum(1, keepdim=True).expand(B, H, Q, K)[~empty]  # (n, K), summed over the heads
-        if torch.allclose(head_sums, torch.ones_like(head_sums), atol=1e-4):
-            raise CheckFailed(
-                f"{case}: the weights sum to 1 over the heads: the softmax runs over the head axis, dim=1, of the "
-                "(B, H, Q, K) scores (section 5). It must be over the keys, dim=-1"
-            )
-        raise CheckFailed(
-            f"{case}: the weights of a query must sum to 1 over its visible keys; row sums range from "
-            f"{row_sums.min().item():.3g} to {row_sums.max().item():.3g}"
-        )
+        _diagnose_empty_rows(weights[empty], K, case)  # (n, K)
+    _diagnose_row_sums(weights, keep, empty, valid_lens, case)
     on_padding = (weights * ~keep).sum().item()
     if on_padding > 1e-6:
         raise CheckFailed(f"{case}: padded keys got weight {on_padding:.3g} in total; they must get exactly 0")
     expect_close(weights, expected, case + " (weights)", atol=1e-5)
+
+
+def _diagnose_nan(weights, keep, empty, case: str) -> None:
+    """Weights with NaN: which mistake puts it where it is. ``keep`` (B, 1, 1, K), ``empty`` (B, H, Q)."""
+    nan = torch.isnan(weights)  # (B, H, Q, K)
+    padded = ~keep.expand(nan.shape)  # (B, H, Q, K): True where the key is padding
+    if torch.equal(nan, padded) and not padded[~empty].all():
+        raise CheckFailed(
+            f"{case}: NaN in every column of a padded key, for all queries: the softmax runs over the queries "
+            "(section 5), and a column that is all -inf gives 0 / 0 = NaN. The softmax must be over the keys, "
+            "dim=-1"
+        )
+    if torch.isnan(weights[empty]).all() and not torch.isnan(weights[~empty]).any():
+        raise CheckFailed(
+            f"{case}: NaN on the rows of the empty example (valid length 0). Filling masked scores with -inf "
+            "makes a row with no visible key 0 / 0 = NaN (section 8); fill with torch.finfo(dtype).min and "
+            "zero the empty rows, or call mha_tutorial.masked_softmax(scores, valid_lens)"
+        )
+    raise CheckFailed(
+        f"{case}: the weights contain NaN on rows of examples that do have visible keys. A padding mask "
+        "broadcast along the wrong axis (a (B, K) mask meeting the query axis, or a (B, 1, K) mask the head "
+        "axis; section 3) can hide every key of such a row, and -inf then gives 0 / 0 = NaN (section 8)"
+    )
+
+
+def _diagnose_empty_rows(rows, num_keys: int, case: str) -> None:
+    """The rows (n, K) of the queries of an empty example (valid length 0) must be zeros."""
+    if torch.allclose(rows, torch.full_like(rows, 1.0 / num_keys), atol=1e-3):
+        raise CheckFailed(
+            f"{case}: the queries of the empty example (valid length 0) got uniform weights 1/{num_keys}: with a "
+            "large negative fill every score of such a row is equal, so softmax spreads the row evenly over the "
+            "padding (section 8). A query with no visible key must get a row of zeros"
+        )
+    if (rows != 0).any():
+        raise CheckFailed(
+            f"{case}: the queries of the empty example (valid length 0) must get weights of exactly 0, "
+            f"got a row summing to {rows.sum(-1).max().item():.3g}"
+        )
+
+
+def _diagnose_row_sums(weights, keep, empty, valid_lens, case: str) -> None:
+    """Every query with a visible key has weights summing to 1; if not, the axis the softmax ran over."""
+    B, H, Q, K = weights.shape
+    row_sums = weights[~empty].sum(-1)  # rows that have a visible key
+    if torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4):
+        return
+    col_sums = weights.sum(-2)  # (B, H, K)
+    visible = keep[:, :, 0].expand(B, H, K) & ~(valid_lens == 0)[:, None, None]  # (B, H, K)
+    if torch.allclose(col_sums[visible], torch.ones(int(visible.sum())), atol=1e-4):
+        raise CheckFailed(
+            f"{case}: each key's weights sum to 1 over the queries, and the rows do not: the softmax runs over "
+            "the wrong axis (section 5). It must be over the keys, dim=-1"
+        )
+    head_sums = weights.sum(1, keepdim=True).expand(B, H, Q, K)[~empty]  # (n, K), summed over the heads
+    if torch.allclose(head_sums, torch.ones_like(head_sums), atol=1e-4):
+        raise CheckFailed(
+            f"{case}: the weights sum to 1 over the heads: the softmax runs over the head axis, dim=1, of the "
+            "(B, H, Q, K) scores (section 5). It must be over the keys, dim=-1"
+        )
+    raise CheckFailed(
+        f"{case}: the weights of a query must sum to 1 over its visible keys; row sums range from "
+        f"{row_sums.min().item():.3g} to {row_sums.max().item():.3g}"
+    )
 
 
 @friendly

@@ -1,7 +1,7 @@
 """What every exercise check does, tested once over all of them (mha_tutorial.checks.__all__).
 
 The checks of each notebook have their own tests for the mistakes they recognise; here: a stub
-of the student edition is reported as "not attempted yet" (not raised), a crash of the learner's
+of an exercise is reported as "not attempted yet" (not raised; in strict mode, a failure), a crash of the learner's
 code becomes a CheckFailed naming the case, and crashes we can explain are explained."""
 
 import pytest
@@ -23,6 +23,21 @@ def test_a_stub_is_reported_not_raised(check, capsys):
 
     assert check(stub) is None
     assert f"{check.__name__}: not attempted yet (write me)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_in_strict_mode_a_stub_fails(check, monkeypatch, capsys):
+    """Graders: MHA_TUTORIAL_STRICT_CHECKS=1 turns "not attempted yet" into a failed check."""
+    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("write me")
+
+    with pytest.raises(checks.CheckFailed, match=rf"{check.__name__}: not attempted \(write me\)"):
+        check(stub)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "0")
+    assert check(stub) is None  # any other value: the friendly report
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -48,3 +63,15 @@ def test_known_crashes_are_explained():
 
     with pytest.raises(checks.CheckFailed, match="broadcasting lines up the \\*last\\* axes"):
         call(bad_broadcast, torch.zeros(2, 3), case="a (2, 3) input")
+
+
+def test_every_check_is_one_function_under_both_names():
+    # checks.check_x and checks.nbNN.check_x used to differ (only the first reported a stub as not attempted).
+    from mha_tutorial.checks import nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08
+
+    modules = (nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08)
+    names = [name for module in modules for name in module.__all__]
+    assert sorted(names) == sorted(n for n in checks.__all__ if n.startswith("check_"))
+    for module in modules:
+        for name in module.__all__:
+            assert getattr(checks, name) is getattr(module, name), name

@@ -15,6 +15,7 @@ from mha_tutorial.checks import (
     check_previous_token_score,
     nb06,
 )
+from mha_tutorial.checks import _nb06_mistakes as mistakes
 from mha_tutorial.masks import causal_mask
 
 # ---------------------------------------------------------------- right answers, written three ways each
@@ -261,12 +262,12 @@ def test_the_checks_references_agree_with_independent_code():
     keep = causal_mask(T)[None].expand(3, T, T)
     w = nb06._random_weights(g, 3, 2, T, T, keep)
     lengths, runs = torch.tensor([12, 7, 3]), torch.tensor([6, 4, 5])
-    torch.testing.assert_close(nb06._previous_variant(w, lengths), previous_loops(w, lengths))
+    torch.testing.assert_close(mistakes.previous_variant(w, lengths), previous_loops(w, lengths))
     torch.testing.assert_close(nb06._previous_reference(w, lengths), previous_loops(w, lengths))
-    torch.testing.assert_close(nb06._induction_variant(w, runs), induction_right(w, runs))
+    torch.testing.assert_close(mistakes.induction_variant(w, runs), induction_right(w, runs))
     torch.testing.assert_close(nb06._induction_reference(w, runs), induction_right(w, runs))
-    torch.testing.assert_close(nb06._entropy_variant(w, keep), head_stats.normalized_entropy(w, keep))
-    torch.testing.assert_close(nb06._entropy_variant(w, keep), entropy_loops(w, keep).double())
+    torch.testing.assert_close(mistakes.entropy_variant(w, keep), head_stats.normalized_entropy(w, keep))
+    torch.testing.assert_close(mistakes.entropy_variant(w, keep), entropy_loops(w, keep).double())
 
 
 def test_every_check_is_exported():

@@ -140,3 +140,42 @@ def test_every_pair_has_both_sides_and_fused_is_causal_matches_sdpa():
     x, keep = torch.randn(2, 5, 16), torch.ones(5, 5, dtype=torch.bool).tril()
     with torch.no_grad():
         torch.testing.assert_close(impls["fused (is_causal)"](x, keep), impls["SDPA (is_causal)"](x, keep))
+
+
+def test_report_names_stay_importable_from_bench():
+    # bench_report holds the report side since bench.py was split; bench re-exports it unchanged.
+    from mha_tutorial import bench_report
+
+    for name in [*bench_report.__all__, "PAIRS"]:
+        assert getattr(bench, name) is getattr(bench_report, name), name
+
+
+def test_run_benchmark_options_are_keywords_and_a_misspelt_one_is_refused():
+    seen = []
+    rows = bench.run_benchmark(
+        (8,),
+        1,
+        16,
+        2,
+        ("float32",),
+        ("forward",),
+        ["fused"],
+        "cpu",
+        threads=1,
+        min_run_time=0.01,
+        log=None,
+        on_row=seen.append,
+    )
+    assert [r.impl for r in rows] == ["readable", "fused"] and seen == rows
+    assert all(r.status == "ok" and r.threads == 1 for r in rows)
+    with pytest.raises(TypeError, match="'thread'"):
+        bench.run_benchmark((8,), device="cpu", thread=1)
+
+
+def test_partial_csv_keeps_rows_as_they_come_and_is_removed_at_the_end(tmp_path):
+    partial = bench.PartialCsv(tmp_path / "bench.partial.csv")
+    row = bench.Row("fused", "forward", "float32", "cpu", 2, 8, 128, 768, 12, 1.5, 0.1, 30.0)
+    partial.write(row)
+    assert bench.read_csv(tmp_path / "bench.partial.csv") == [row]  # on disk before the sweep ends
+    partial.remove()
+    assert not (tmp_path / "bench.partial.csv").exists()

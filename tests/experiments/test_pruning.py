@@ -14,11 +14,6 @@ from mha_tutorial.train import evaluate, load_pretrained
 TASKS = ["reversal", "induction", "dates"]
 
 
-@pytest.fixture(scope="module")
-def models():
-    return {name: load_pretrained(name, device="cpu") for name in TASKS}
-
-
 def rows(name, split="eval", n=40):
     return get_task(name).load_split(split)[:n]
 

@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from mha_tutorial.tasks import (
     DATE_FORMATS,
@@ -195,3 +196,99 @@ def test_decode_and_encode_refuse_what_would_silently_mislead():
     for call in (lambda: task.decode([3], side="target"), lambda: task.encode("abc", side="source")):
         with pytest.raises(ValueError, match="side must be 'src' or 'tgt'"):
             call()
+
+
+# ---------------------------------------------------------------- bad input: a clear error, before any tensor is built
+
+
+class _NoTorch(TorchFunctionMode):
+    """Inside this block any torch function (a tensor built, any arithmetic) fails the test."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        raise AssertionError(f"torch ran {func} before the input was validated")
+
+
+def _good_example(name):
+    return load_split(name)[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_collate_rejects_what_is_not_a_list_of_string_tuples(name):
+    task = get_task(name)
+    good = _good_example(name)
+    bad_inputs = {
+        "a string": "".join(good),
+        "None": None,
+        "a string for an example": [good[0]],
+        "ints in an example": [tuple(1 for _ in good)],
+        "None in an example": [(None, *good[1:])],
+    }
+    for what, examples in bad_inputs.items():
+        with _NoTorch(), pytest.raises(TypeError, match="collate takes|example 0 must") as info:
+            task.collate(examples)
+        assert name in str(info.value) or str(task.columns) in str(info.value), (what, info.value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_collate_rejects_an_empty_list(name):
+    with _NoTorch(), pytest.raises(ValueError, match=f"at least one example of task '{name}', got none"):
+        get_task(name).collate([])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_collate_rejects_examples_with_the_wrong_number_of_fields(name):
+    task = get_task(name)
+    good = _good_example(name)
+    for example in (good + ("extra",), good[:-1]):
+        with (
+            _NoTorch(),
+            pytest.raises(ValueError, match=rf"must have {len(task.columns)} strings .* got {len(example)}"),
+        ):
+            task.collate([good, example])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_collate_rejects_characters_outside_the_vocabulary(name):
+    task = get_task(name)
+    good = _good_example(name)
+    side = "tgt" if name == "induction" else "src"  # induction's sequence is read in its tgt vocabulary
+    with _NoTorch(), pytest.raises(ValueError, match=f"{name}: character '#' is not in the {side} vocabulary"):
+        task.collate([good, ("#" + good[0][1:], *good[1:])])
+
+
+def test_collate_rejects_lengths_it_cannot_put_in_one_batch():
+    bad = {
+        "reversal": (
+            [("abcdefghij", "jihgfedcba"), ("abc", "cba")],
+            "must all have one length .* got \\('abc', 'cba'\\)",
+        ),
+        "induction": ([("ABCABCA",)], "an even number of letters up to 24; got 'ABCABCA' \\(7 letters\\)"),
+        "dates": (
+            [("21 Nov 2026", "2026-11-2", "{d} {Mon} {Y}")],
+            "a target is a 10-character date .* got '2026-11-2'",
+        ),
+    }
+    for name, (examples, message) in bad.items():
+        with _NoTorch(), pytest.raises(ValueError, match=message):
+            get_task(name).collate(examples)
+    with _NoTorch(), pytest.raises(ValueError, match="up to 24; got 'ABCDEFGHIJKLMABCDEFGHIJKLM'"):
+        get_task("induction").collate([("ABCDEFGHIJKLMABCDEFGHIJKLM",)])  # a run of 13: longer than max_run
+
+
+def test_encode_rejects_what_is_not_a_string():
+    task = get_task("reversal")
+    for text in (5, None, ["a", "b"]):
+        with pytest.raises(TypeError, match=f"reversal: encode takes a string, got {type(text).__name__}"):
+            task.encode(text)
+
+
+@pytest.mark.parametrize(
+    "batch_size, error",
+    [(0, ValueError), (-3, ValueError), (2.5, TypeError), ("4", TypeError), (True, TypeError), (None, TypeError)],
+)
+def test_make_batch_rejects_a_batch_size_that_is_not_a_positive_int(batch_size, error):
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    with pytest.raises(error, match=f"batch_size must be a positive int, got {re.escape(repr(batch_size))}"):
+        get_task("dates").make_batch(batch_size, generator)
+    assert torch.equal(generator.get_state(), state)  # refused before a random number was drawn

@@ -12,7 +12,15 @@ from mha_tutorial import pruning
 from mha_tutorial.head_stats import pattern_scores
 from mha_tutorial.model import build_model
 from mha_tutorial.tasks import TASKS, get_task
-from mha_tutorial.train import CHECKPOINT_DIR, evaluate, load_pretrained, read_checkpoint, train
+from mha_tutorial.train import (
+    CHECKPOINT_DIR,
+    CheckpointNotFoundError,
+    evaluate,
+    load_pretrained,
+    read_checkpoint,
+    save_checkpoint,
+    train,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = list(TASKS)
@@ -198,3 +206,78 @@ def test_measuring_on_no_examples_is_an_error_not_nan():
             measure(model, "reversal", examples=[])
     with pytest.raises(ValueError, match="limit must be a positive int"):
         pruning.ablation(model, "reversal", limit=0)
+
+
+def _edited(tmp_path, edit, name="edited.pt"):
+    """A copy of the committed reversal checkpoint with one field changed by ``edit(checkpoint)``."""
+    checkpoint = torch.load(CHECKPOINT_DIR / "reversal.pt", weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda c: c.update(task=3), "field 'task' must name a task of this package"),
+        (lambda c: c.update(task="sorting"), "got 'sorting'"),
+        (lambda c: c.update(config=[1, 2]), "field 'config' must be a dict"),
+        (lambda c: c["config"].pop("kind"), "lacks the ModelConfig fields ['kind']"),
+        (lambda c: c["config"].update(colour="red"), "fields ['colour'] that ModelConfig does not know"),
+        (lambda c: c["config"].update(num_heads="4"), "config['num_heads'] must be of type int, got '4'"),
+        (lambda c: c["config"].update(bias=1), "config['bias'] must be of type bool"),
+        (lambda c: c.update(state_dict=[1]), "field 'state_dict' must be a non-empty dict"),
+        (lambda c: c.update(state_dict={}), "(empty)"),
+        (lambda c: c["state_dict"].update({5: torch.zeros(3)}), "has a key 5 (int)"),
+        (lambda c: c["state_dict"].update({"head.weight": "x"}), "state_dict['head.weight'] must be a tensor"),
+        (lambda c: c["state_dict"]["head.bias"].fill_(float("nan")), "state_dict['head.bias'] contains NaN"),
+        (lambda c: c.update(metrics=[1]), "field 'metrics' must be a dict"),
+        (lambda c: c["metrics"].update(eval_accuracy="high"), "'eval_accuracy': 'high'"),
+        (lambda c: c.update(train="seed 0"), "field 'train' must be a dict"),
+    ],
+)
+def test_malformed_checkpoint_fields_are_named(tmp_path, edit, words):
+    path = _edited(tmp_path, edit)
+    for read in (read_checkpoint, lambda p: load_pretrained("reversal", path=p)):
+        with pytest.raises(ValueError) as info:
+            read(path)
+        assert str(path) in str(info.value) and words in str(info.value)
+
+
+def test_state_dict_that_does_not_fit_the_config_is_named(tmp_path):
+    path = _edited(tmp_path, lambda c: c["state_dict"].update({"head.weight": torch.zeros(3, 3)}))
+    assert read_checkpoint(path)["state_dict"]["head.weight"].shape == (3, 3)  # well-formed on its own
+    with pytest.raises(ValueError, match="weights do not fit the configured model .field 'state_dict' vs 'config'"):
+        load_pretrained("reversal", path=path)
+
+
+def test_checkpoint_paths_that_are_missing_or_not_paths(tmp_path):
+    missing = tmp_path / "nothing_here.pt"
+    for read in (read_checkpoint, lambda p: load_pretrained("reversal", path=p)):
+        with pytest.raises(ValueError, match="nothing_here.pt") as info:  # a ValueError ...
+            read(missing)
+        assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, CheckpointNotFoundError)  # ... too
+        for not_a_path in (5, None, ["a.pt"]):
+            if not_a_path is None and read is not read_checkpoint:
+                continue  # load_pretrained's path=None means the committed checkpoint
+            with pytest.raises(TypeError, match="path must be a str or pathlib.Path"):
+                read(not_a_path)
+    with pytest.raises(ValueError, match="unknown task 'sorting'"):
+        load_pretrained("sorting")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        read_checkpoint(tmp_path)  # a directory
+
+
+def test_evaluate_and_save_checkpoint_check_their_arguments(tmp_path):
+    model = load_pretrained("reversal", device="cpu")
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        evaluate(model, "reversal", batch_size=0)
+    with pytest.raises(TypeError, match="model must be a model of this package"):
+        evaluate(None, "reversal")
+    with pytest.raises(ValueError, match="task 'dates' runs a model of kind 'encoder_decoder'"):
+        evaluate(model, "dates")
+    with pytest.raises(TypeError, match="list of reversal examples"):
+        evaluate(model, "reversal", examples="abcdefghij")
+    with pytest.raises(ValueError, match="history must be the dict returned by train"):
+        save_checkpoint(tmp_path / "x.pt", model, "reversal", {})
+    assert not (tmp_path / "x.pt").exists()

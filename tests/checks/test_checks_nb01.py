@@ -1,0 +1,156 @@
+"""The exercise checks of notebook 01 pass right answers and name typical wrong ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import fails_with
+from torch.nn import functional as F
+
+from mha_tutorial import checks
+
+# --------------------------------------------------------------------------- notebook 01, exercise 1: softmax
+
+
+def softmax_right(scores):
+    shifted = scores - scores.max(dim=-1, keepdim=True).values
+    e = shifted.exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def test_softmax_right_answers_pass(capsys):
+    checks.check_softmax(softmax_right)
+    checks.check_softmax(lambda s: torch.softmax(s, dim=-1))
+    assert "✓ check_softmax" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda s: torch.softmax(s, dim=-2), "wrong axis"),
+        (lambda s: torch.softmax(s, dim=1), "wrong axis"),
+        (lambda s: torch.softmax(s, dim=2), "wrong axis"),  # right for 3-D, wrong once a head axis appears
+        (lambda s: s.exp() / s.exp().sum(dim=-1, keepdim=True), "subtract each row's maximum"),
+        (lambda s: (s - s.max(-1, keepdim=True).values).exp(), None),
+        (lambda s: s.exp() / s.exp().sum(), None),
+        (
+            lambda s: (s - s.max(-1, keepdim=True).values).exp() / (s - s.max(-1, keepdim=True).values).exp().sum(-1),
+            None,
+        ),
+    ],
+)
+def test_softmax_mistakes_fail(fn, fragment):
+    fails_with(checks.check_softmax, fn, *([fragment] if fragment else []))
+
+
+def test_softmax_wrong_axis_is_named():
+    fails_with(checks.check_softmax, lambda s: torch.softmax(s, dim=-2), "over the queries (dim=-2)")
+
+
+def test_softmax_inplace_is_named():
+    def inplace(s):
+        s -= s.max(-1, keepdim=True).values
+        return s.softmax(-1)
+
+    fails_with(checks.check_softmax, inplace, "in place")
+
+
+# --------------------------------------------------------------------------- notebook 01, exercise 2: attention
+
+
+def attention_right(queries, keys, values, temperature=1.0):
+    d = queries.shape[-1]
+    scores = queries @ keys.transpose(-2, -1) / (math.sqrt(d) * temperature)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ values, weights
+
+
+def make_attention(scale=None, dim=-1, temperature_mode="divide", transpose="last2", out="weights@values"):
+    def fn(queries, keys, values, temperature=1.0):
+        d = queries.shape[-1]
+        s = 1 / math.sqrt(d) if scale is None else scale(d)
+        kt = keys.transpose(-2, -1) if transpose == "last2" else keys.transpose(1, 2)
+        scores = queries @ kt * s
+        if transpose == "KQ":
+            scores = keys @ queries.transpose(-2, -1) * s
+        scores = {"divide": scores / temperature, "multiply": scores * temperature, "ignore": scores}[temperature_mode]
+        weights = torch.softmax(scores, dim=dim)
+        output = weights @ values if out == "weights@values" else weights.transpose(-2, -1) @ values
+        return output, weights
+
+    return fn
+
+
+def test_attention_right_answer_passes(capsys):
+    checks.check_temperature_attention(attention_right)
+    assert "✓ check_temperature_attention" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (make_attention(scale=lambda d: 1.0), "forgot the 1/sqrt(d) scale"),
+        (make_attention(scale=lambda d: 1.0 / d), "divided by d instead of sqrt(d)"),
+        (make_attention(scale=lambda d: math.sqrt(d)), "multiplied by sqrt(d)"),
+        (make_attention(dim=-2), "softmax over the wrong axis"),
+        (make_attention(temperature_mode="multiply"), "multiplied by the temperature"),
+        (make_attention(temperature_mode="ignore"), "temperature is ignored"),
+        (make_attention(transpose="KQ"), "K Q^T"),
+        (make_attention(transpose="1,2"), "transpose(1, 2)"),
+        (make_attention(out="weights^T@values"), "transposed weights"),
+        (lambda q, k, v, t=1.0: attention_right(q, k, v, t)[0], "return a pair"),
+    ],
+)
+def test_attention_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_temperature_attention, fn, fragment)
+
+
+def test_attention_keys_dot_T_is_reported():
+    def with_T(queries, keys, values, temperature=1.0):
+        weights = torch.softmax(queries @ keys.T / (math.sqrt(queries.shape[-1]) * temperature), dim=-1)
+        return weights @ values, weights
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fails_with(checks.check_temperature_attention, with_T, "keys.T")
+
+
+# --------------------------------------------------------------------------- notebook 01, exercise 3: entropy
+
+
+def test_entropy_right_answers_pass():
+    checks.check_attention_entropy(lambda w: -torch.xlogy(w, w).sum(dim=-1))
+    checks.check_attention_entropy(lambda w: -(w * torch.log(w.clamp_min(1e-30))).sum(dim=-1))
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda w: -(w * torch.log(w)).sum(dim=-1), "0 * log 0"),
+        (lambda w: (w * torch.log(w.clamp_min(1e-30))).sum(dim=-1), "minus sign"),
+        (lambda w: -torch.xlogy(w, w).sum(dim=-1) / math.log(2), "log base 2"),
+        (lambda w: -torch.xlogy(w, w).mean(dim=-1), "mean instead of sum"),
+        (lambda w: -torch.xlogy(w, w).sum(dim=-1, keepdim=True), "keepdim=False"),
+        (lambda w: -torch.xlogy(w, w).sum(dim=-2), "sum over the keys"),
+    ],
+)
+def test_entropy_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_attention_entropy, fn, fragment)
+
+
+def test_checks_are_exported():
+    from mha_tutorial.checks import nb01
+
+    assert set(nb01.__all__) == {"check_softmax", "check_temperature_attention", "check_attention_entropy"}
+    for name in nb01.__all__:
+        assert callable(getattr(checks, name))
+
+
+def test_reference_softmax_is_F_softmax():
+    # sanity for the test helpers themselves
+    s = torch.randn(2, 3, 4)
+    assert torch.allclose(softmax_right(s), F.softmax(s, dim=-1))

@@ -1,0 +1,140 @@
+"""The exercise checks of notebook 03 accept right answers and reject typical wrong ones by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mha_tutorial import transpose_output, transpose_qkv
+from mha_tutorial.checks import (
+    CheckFailed,
+    check_expand_valid_lens,
+    check_transpose_output,
+    check_transpose_qkv,
+)
+
+
+def qkv_right(X, num_heads):
+    B, T, D = X.shape
+    return X.view(B, T, num_heads, D // num_heads).transpose(1, 2).reshape(B * num_heads, T, D // num_heads)
+
+
+def qkv_no_permute(X, num_heads):
+    B, T, D = X.shape
+    return X.reshape(B * num_heads, T, D // num_heads)
+
+
+def qkv_head_major(X, num_heads):
+    B, T, D = X.shape
+    return X.reshape(B, T, num_heads, D // num_heads).permute(2, 0, 1, 3).reshape(B * num_heads, T, D // num_heads)
+
+
+def qkv_split_d_h(X, num_heads):
+    B, T, D = X.shape
+    d = D // num_heads
+    return X.reshape(B, T, d, num_heads).permute(0, 3, 1, 2).reshape(B * num_heads, T, d)
+
+
+def qkv_four_d(X, num_heads):
+    B, T, D = X.shape
+    return X.reshape(B, T, num_heads, D // num_heads).permute(0, 2, 1, 3)
+
+
+def qkv_view_after_permute(X, num_heads):
+    B, T, D = X.shape
+    return X.view(B, T, num_heads, D // num_heads).permute(0, 2, 1, 3).view(B * num_heads, T, D // num_heads)
+
+
+def qkv_off_by_one(X, num_heads):
+    out = qkv_right(X, num_heads).clone()
+    out[0, 0, 0] += 1
+    return out
+
+
+def test_transpose_qkv_accepts_right_answers(capsys):
+    check_transpose_qkv(qkv_right)
+    check_transpose_qkv(transpose_qkv)
+    assert "✓ check_transpose_qkv: passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (qkv_no_permute, "without moving the head axis"),
+        (qkv_head_major, "head-major"),
+        (qkv_split_d_h, "split as (d, H)"),
+        (qkv_four_d, "4-D layout"),
+        (qkv_view_after_permute, "use .reshape()"),
+        (qkv_off_by_one, "wrong values, first at index (0, 0, 0)"),
+    ],
+)
+def test_transpose_qkv_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed, match=None) as info:
+        check_transpose_qkv(wrong)
+    assert words in str(info.value)
+
+
+def out_right(X, num_heads):
+    BH, T, d = X.shape
+    return X.view(BH // num_heads, num_heads, T, d).transpose(1, 2).reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_no_permute(X, num_heads):
+    BH, T, d = X.shape
+    return X.reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_head_major(X, num_heads):
+    BH, T, d = X.shape
+    return X.reshape(num_heads, BH // num_heads, T, d).permute(1, 2, 0, 3).reshape(BH // num_heads, T, num_heads * d)
+
+
+def out_interleaved(X, num_heads):
+    BH, T, d = X.shape
+    return X.reshape(BH // num_heads, num_heads, T, d).permute(0, 2, 3, 1).reshape(BH // num_heads, T, num_heads * d)
+
+
+def test_transpose_output_accepts_right_answers(capsys):
+    check_transpose_output(out_right)
+    check_transpose_output(transpose_output)
+    assert "passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (out_no_permute, "without moving the head axis"),
+        (out_head_major, "head-major"),
+        (out_interleaved, "interleaved"),
+        (lambda X, H: X, "wrong shape"),
+    ],
+)
+def test_transpose_output_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_transpose_output(wrong)
+    assert words in str(info.value)
+
+
+def test_expand_valid_lens_accepts_right_answers(capsys):
+    check_expand_valid_lens(lambda v, h: torch.repeat_interleave(v, h, dim=0))
+    check_expand_valid_lens(lambda v, h: v[:, None].expand(v.shape[0], h, *v.shape[1:]).flatten(0, 1))
+    assert "passed on 4 cases" in capsys.readouterr().out
+
+
+def lens_repeat(v, h):
+    return v.repeat(h) if v.dim() == 1 else v.repeat(h, 1)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lens_repeat, "`repeat` instead of `repeat_interleave`"),
+        (lambda v, h: torch.repeat_interleave(v, h), "pass dim=0"),  # flattens a (B, Q) tensor
+        (lambda v, h: torch.repeat_interleave(v, h, dim=0).float(), "integer dtype"),
+        (lambda v, h: v, "wrong shape"),
+    ],
+)
+def test_expand_valid_lens_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_expand_valid_lens(wrong)
+    assert words in str(info.value)
