@@ -30,7 +30,7 @@ run: install
 	$(VENV)/bin/jupyter execute --inplace $(addprefix build/,$(NOTEBOOKS))
 	$(PY) tools/site.py --out build/site $(addprefix build/,$(NOTEBOOKS))
 
-## Write the student edition to build/student/: solutions replaced by stubs, checks kept.
+## Write the student edition to build/student/: the notebooks without their Solutions sections.
 student: install
 	$(PY) tools/student.py --out build/student $(NOTEBOOKS)
 

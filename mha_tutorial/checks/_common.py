@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -15,12 +16,21 @@ class NotAttempted(Exception):
     """The learner's code still raises NotImplementedError (the student edition's stubs)."""
 
 
+STRICT = "MHA_TUTORIAL_STRICT_CHECKS"
+
+
+def strict() -> bool:
+    """Graders set ``MHA_TUTORIAL_STRICT_CHECKS=1``: then an exercise not attempted fails its check."""
+    return os.environ.get(STRICT, "") == "1"
+
+
 def friendly(check):
     """Wrap a check so that an exercise not attempted yet is reported, not raised.
 
-    The student edition replaces each solution with a stub that raises
-    NotImplementedError; its check then prints what to do instead of failing.
-    Wrong answers still raise ``CheckFailed``.
+    Each exercise's cell starts as a stub that raises NotImplementedError; its check then
+    prints what to do instead of failing, so a learner can run the whole notebook. In strict
+    mode (``MHA_TUTORIAL_STRICT_CHECKS=1``, for graders) it fails like a wrong answer.
+    Wrong answers always raise ``CheckFailed``.
     """
 
     @functools.wraps(check)
@@ -28,6 +38,8 @@ def friendly(check):
         try:
             return check(*args, **kwargs)
         except NotAttempted as e:
+            if strict():
+                raise CheckFailed(f"{check.__name__}: not attempted ({e}); {STRICT}=1 counts that as failed") from None
             print(f"… {check.__name__}: not attempted yet ({e}). Write your solution above, then run this cell again.")
             return None
 

@@ -1,5 +1,6 @@
 """Every notebook keeps the shape of the series: a title and learning goals, figures, a summary, and
-exercises whose solutions sit in collapsed cells followed by a cell that runs an automatic check."""
+exercises that read task -> hint -> the learner's stub -> an automatic check, and worked solutions in a
+Solutions section at the end, each checked too."""
 
 import re
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 
 from mha_tutorial import checks
 from tools.hygiene import problems
+from tools.student import solutions_start
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -36,20 +38,64 @@ def test_has_a_summary_and_figures(notebook):
     assert images, "a notebook of this series draws at least one figure"
 
 
-def test_every_exercise_has_a_collapsed_solution_and_a_check(notebook):
+def _tags(cell) -> list:
+    return cell.metadata.get("tags", [])
+
+
+def _called_checks(cell) -> list:
+    called = re.findall(r"checks\.(check_\w+)\(", cell.source) if cell.cell_type == "code" else []
+    assert all(name in checks.__all__ for name in called), cell.source[:200]
+    return called
+
+
+def test_every_exercise_reads_task_hint_stub_check(notebook):
+    """Task, a visible hint cell, the learner's stub (NotImplementedError, no solution), then the check."""
     path, nb = notebook
-    exercises = re.findall(r"^### Exercise \d+", markdown(nb), re.M)
-    assert exercises, f"{path.name} has no exercise"
-    for i, cell in enumerate(nb.cells):
-        if "solution" not in cell.metadata.get("tags", []):
-            continue
-        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, "solutions start collapsed"
-        assert "# BEGIN SOLUTION" in cell.source and "# END SOLUTION" in cell.source and "# HINT:" in cell.source
-        following = next(c for c in nb.cells[i + 1 :] if c.cell_type == "code")
-        called = re.findall(r"checks\.(check_\w+)\(", following.source)
-        assert called and all(name in checks.__all__ for name in called), following.source[:200]
-    solutions = sum("solution" in c.metadata.get("tags", []) for c in nb.cells)
-    assert solutions == len(exercises)
+    start = solutions_start(nb)
+    headings = [
+        i for i, c in enumerate(nb.cells[:start]) if c.cell_type == "markdown" and c.source.startswith("### Exercise")
+    ]
+    assert headings, f"{path.name} has no exercise"
+    stubs = [i for i, c in enumerate(nb.cells[:start]) if "exercise" in _tags(c)]
+    assert len(stubs) == len(headings)
+    for heading, stub in zip(headings, stubs, strict=True):
+        hint, check = nb.cells[stub - 1], nb.cells[stub + 1]
+        assert heading < stub - 1 and "hint" in _tags(hint) and hint.source.startswith("**Hint.**"), hint.source[:100]
+        assert not hint.metadata.get("jupyter", {}).get("source_hidden"), "hints are visible"
+        assert "raise NotImplementedError" in nb.cells[stub].source and not nb.cells[stub].outputs
+        assert _called_checks(check), check.source[:200]
+
+
+def test_solutions_come_last_folded_and_each_is_checked(notebook):
+    path, nb = notebook
+    start = solutions_start(nb)
+    learner_checks = [
+        name
+        for i, c in enumerate(nb.cells[:start])
+        if "exercise" in _tags(c)
+        for name in _called_checks(nb.cells[i + 1])
+    ]
+    solutions = [i for i, c in enumerate(nb.cells) if "solution" in _tags(c)]
+    assert len(solutions) == len(learner_checks)
+    for i in solutions:
+        assert nb.cells[i].metadata.get("jupyter", {}).get("source_hidden") is True, "solutions start collapsed"
+        assert _called_checks(nb.cells[i + 1]), f"{path.name}: solution cell {i} is not followed by its check"
+    assert sorted(name for i in solutions for name in _called_checks(nb.cells[i + 1])) == sorted(learner_checks)
+
+
+def test_no_check_passes_before_the_solutions(notebook):
+    """Committed outputs: every learner check reports "not attempted yet", every solution's check passes."""
+    path, nb = notebook
+    start = solutions_start(nb)
+
+    def printed(cells):
+        return [o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs]
+
+    before = [nb.cells[i + 1] for i, c in enumerate(nb.cells[:start]) if "exercise" in _tags(c)]
+    assert all("not attempted yet" in "".join(printed([c])) for c in before), path.name
+    assert not any("✓ check_" in text for text in printed(nb.cells[:start]))
+    after = [c for c in nb.cells[start:] if _called_checks(c)]
+    assert all("✓ check_" in "".join(printed([c])) for c in after), path.name
 
 
 def test_committed_outputs_are_clean(notebook):
