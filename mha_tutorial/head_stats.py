@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from . import _validate as validate
+from . import _validate_experiments as validate
 from .maps import _forward, _LayerMasks, layer_masks
 from .tasks import get_task, render_date
 

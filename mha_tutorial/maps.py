@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from . import _validate as validate
+from . import _validate_experiments as validate
 from .masks import causal_mask
 from .tasks import PAD, get_task, render_date
 from .viz import _head_grid, _is_label_list, _per_layer, plot_head_grid

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from . import _validate as validate
+from . import _validate_experiments as validate
 from .model import ModelConfig
 
 __all__ = ["Batch", "Task", "is_heldout"]

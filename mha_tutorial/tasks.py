@@ -35,7 +35,7 @@ import string
 import torch
 from torch.nn import functional as F
 
-from . import _validate as validate
+from . import _validate_experiments as validate
 from .model import ModelConfig
 
 # What every task shares lives in task_base; it stays importable from here (tasks.Task, tasks.DATA_DIR, ...).

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm  # the plain text bar: tqdm.auto would need ipywidgets (not installed) in notebooks
 
-from . import _validate as validate
+from . import _validate_experiments as validate
 from .device import get_device
 from .model import ModelConfig, TinyTransformer, build_model
 from .tasks import DATA_DIR, get_task

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _validate as validate
+from . import _validate_experiments as validate
 from .tasks import BOS, PAD
 
 __all__ = ["display_token", "plot_head_grid"]

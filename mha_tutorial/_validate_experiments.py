@@ -1,0 +1,344 @@
+"""Every check of the experiments' inputs, in one place: models, examples, batches, plots, statistics, checkpoints.
+
+The companion of ``_validate`` (which checks the attention code's inputs): each function raises a ``TypeError``
+or ``ValueError`` that names the value it got, and is called by ``maps``, ``head_stats``, ``viz``, ``tasks`` and
+``train`` before they compute anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _kind_of(x) -> str:
+    """A tensor's dtype, or any other value's type name, for messages."""
+    return str(x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _is_real(value) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def positive_number(value, name: str, unit: str = "") -> None:
+    """A finite real number above 0 (``panel_size``, ``vmax``)."""
+    import math
+
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a positive number{unit}, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number{unit}, got {value!r}")
+
+
+def model_for_task(model, task) -> None:
+    """A model of this package (``build_model`` / ``load_pretrained``), of the kind that ``task`` runs."""
+    if not (isinstance(model, torch.nn.Module) and hasattr(model, "attention_layers") and hasattr(model, "config")):
+        raise TypeError(
+            f"model must be a model of this package (from build_model or load_pretrained), got {type(model).__name__}"
+        )
+    if model.config.kind != task.model_kind:
+        raise ValueError(
+            f"task {task.name!r} runs a model of kind {task.model_kind!r}, got one of kind {model.config.kind!r} "
+            f"(a model for another task?)"
+        )
+
+
+def example_for(example, task, where: str = "example") -> tuple:
+    """One row of ``task`` (as ``load_split`` gives them): a tuple of strings, one per column; returned as a tuple."""
+    if isinstance(example, str) or not isinstance(example, tuple | list):
+        raise TypeError(
+            f"{where} must be a tuple of strings {task.columns} (a row of load_split({task.name!r})), "
+            f"got {type(example).__name__} {example!r:.80}"
+        )
+    if not all(isinstance(x, str) for x in example):
+        raise TypeError(f"{where} must hold strings {task.columns}, got {example!r:.80}")
+    if len(example) != len(task.columns):
+        raise ValueError(
+            f"{where} must have {len(task.columns)} strings {task.columns} for task {task.name!r}, "
+            f"got {len(example)}: {example!r:.80}"
+        )
+    return tuple(example)
+
+
+def examples_for(examples, task, what: str) -> list:
+    """A non-empty list of ``task`` rows (see ``example_for``), as tuples; ``what`` names the caller."""
+    if isinstance(examples, str | bytes | dict | torch.Tensor) or not hasattr(examples, "__iter__"):
+        raise TypeError(
+            f"{what} takes a list of {task.name} examples (tuples {task.columns}), got {type(examples).__name__}"
+        )
+    rows = [example_for(e, task, f"example {i}") for i, e in enumerate(examples)]
+    if not rows:
+        raise ValueError(f"{what} needs at least one example of task {task.name!r}, got none")
+    return rows
+
+
+def task_batch(batch) -> None:
+    """A ``Batch`` from ``Task.collate``."""
+    from .tasks import Batch  # here, not at the top: tasks imports the model, which imports this module
+
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be a Batch (from Task.collate), got {type(batch).__name__}")
+
+
+def pad_to(value, max_len: int) -> None:
+    """``collect_attention(pad_to=...)``: None, or a positive int the model's positions cover."""
+    if value is None:
+        return
+    positive_count(value, "pad_to")
+    if value > max_len:
+        raise ValueError(f"pad_to={value} is longer than the model's max_len={max_len} positions")
+
+
+def layer_selection(names) -> None:
+    """``AttentionMaps.select(*names)``: at least one layer name, all strings."""
+    if not names:
+        raise ValueError("select needs at least one layer name, e.g. maps.select('enc.0.self')")
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"layer names are strings such as 'enc.0.self', got {bad}")
+
+
+def date_format(fmt) -> None:
+    """A date template of ``DATE_FORMATS``' kind: a string whose fields are among ``FIELD_OF``."""
+    import string
+
+    from .tasks import FIELD_OF
+
+    if not isinstance(fmt, str):
+        raise TypeError(f"fmt must be a date template such as '{{dd}}.{{mm}}.{{Y}}', got {type(fmt).__name__}")
+    unknown = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None and f not in FIELD_OF]
+    if unknown:
+        raise ValueError(f"fmt {fmt!r} has unknown fields {unknown}; known: {sorted(FIELD_OF)}")
+
+
+def token(value) -> None:
+    """``display_token``: one token, a string."""
+    if not isinstance(value, str):
+        raise TypeError(f"a token is a string, got {type(value).__name__} {value!r:.40}")
+
+
+# ---- plot_head_grid --------------------------------------------------------------------------------
+def grid_weights(layers: list) -> None:
+    """One (heads, queries, keys) tensor per layer: floating, with queries and keys, and some head to draw."""
+    for l, w in enumerate(layers):
+        if not w.is_floating_point():
+            raise TypeError(f"layer {l}: weights must be a floating tensor (attention weights), got dtype {w.dtype}")
+        if w.shape[1] == 0 or w.shape[2] == 0:
+            raise ValueError(
+                f"layer {l}: weights have no queries or no keys: shape (heads, queries, keys) = {tuple(w.shape)}"
+            )
+    if all(w.shape[0] == 0 for w in layers):
+        raise ValueError(
+            f"nothing to draw: every layer has 0 heads (all pruned), shapes {[tuple(w.shape) for w in layers]}"
+        )
+
+
+def grid_layer_names(layer_names) -> None:
+    """None, or a list of strings (their number is checked against the layers by the caller)."""
+    ok = isinstance(layer_names, list | tuple) and all(isinstance(n, str) for n in layer_names)
+    if layer_names is not None and not ok:
+        raise TypeError(f"layer_names must be a list of strings, one per layer, got {layer_names!r:.80}")
+
+
+def grid_head_titles(head_titles, heads: list) -> None:
+    """None, or one list per layer with one title per head drawn (``heads``: heads per layer)."""
+    if head_titles is None:
+        return
+    ok = isinstance(head_titles, list | tuple) and len(head_titles) == len(heads)
+    ok = ok and all(isinstance(row, list | tuple) and len(row) == h for row, h in zip(head_titles, heads, strict=True))
+    if not ok:
+        per = heads[0] if len(set(heads)) == 1 else heads
+        raise ValueError(f"head_titles must be a list of {len(heads)} lists of {per} strings, got {head_titles!r:.80}")
+
+
+def grid_head_ids(head_ids, heads: list) -> None:
+    """None, or per layer the original numbers of the heads drawn (a pruned model's ``head_ids``)."""
+    if head_ids is None:
+        return
+
+    def fits(ids, h) -> bool:
+        numbers = isinstance(ids, list | tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        return numbers and len(ids) == h and len(set(ids)) == h and all(i >= 0 for i in ids)
+
+    if not (isinstance(head_ids, list | tuple) and len(head_ids) == len(heads)) or not all(
+        fits(ids, h) for ids, h in zip(head_ids, heads, strict=True)
+    ):
+        raise ValueError(
+            f"head_ids must give, per layer, the distinct original numbers of its {heads} heads, got {head_ids!r:.80}"
+        )
+
+
+def grid_style(shared_scale, vmax, cmap, panel_size, heads_per_row, figsize, title) -> None:
+    """``plot_head_grid``'s drawing options."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Colormap
+
+    if not isinstance(shared_scale, bool):
+        raise TypeError(f"shared_scale must be True or False, got {shared_scale!r}")
+    if vmax is not None:
+        positive_number(vmax, "vmax", " (the top of the shared colour scale) or None (= 1)")
+    if not isinstance(cmap, Colormap | str):
+        raise TypeError(f"cmap must be a matplotlib colormap or the name of one, got {type(cmap).__name__}")
+    if isinstance(cmap, str) and cmap not in colormaps:
+        raise ValueError(f"cmap must be a matplotlib colormap or the name of one (e.g. 'viridis'), got {cmap!r:.40}")
+    positive_number(panel_size, "panel_size", " of inches")
+    if heads_per_row is not None:
+        positive_count(heads_per_row, "heads_per_row")
+    if figsize is not None and not (isinstance(figsize, tuple | list) and len(figsize) == 2):
+        raise ValueError(f"figsize must be (width, height) in inches, got {figsize!r:.40}")
+    for size in figsize or ():
+        positive_number(size, "figsize", " of inches (width, height)")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a string or None, got {type(title).__name__}")
+
+
+def grid_values(layers: list, keeps: list, names: list) -> None:
+    """Where a keep mask allows attention, weights are finite and >= 0: the colour scale starts at 0."""
+    for w, keep, name in zip(layers, keeps, names, strict=True):
+        allowed = w[keep]
+        if bool(torch.isinf(allowed).any()) or bool((allowed < 0).any()):
+            raise ValueError(
+                f"{name}: weights must be finite and >= 0 where the keep mask allows attention (the colour scale "
+                f"starts at 0), got values from {float(allowed.min()):.3g} to {float(allowed.max()):.3g}"
+            )
+
+
+# ---- head_stats -------------------------------------------------------------------------------------
+def entropy_inputs(weights, keep, query_real) -> None:
+    """``normalized_entropy``: floating weights, a bool keep mask and an optional bool (B, Q) query mask."""
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+        raise TypeError(f"weights must be a floating tensor (B, H, Q, K), got {_kind_of(weights)}")
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+        raise TypeError(f"keep must be a bool tensor (B, Q, K) with True = may attend, got {_kind_of(keep)}")
+    if query_real is None:
+        return
+    if not isinstance(query_real, torch.Tensor) or query_real.dtype != torch.bool:
+        raise TypeError(f"query_real must be a bool tensor (B, Q) or None, got {_kind_of(query_real)}")
+    if keep.dim() == 3 and tuple(query_real.shape) != tuple(keep.shape[:2]):
+        raise ValueError(
+            f"query_real must have shape (B, Q) = {tuple(keep.shape[:2])} to match keep {tuple(keep.shape)}, "
+            f"got {tuple(query_real.shape)}"
+        )
+
+
+def head_stats_dict(stats) -> tuple:
+    """``head_stats``' result: a dict of (layers, heads) tensors, all of one shape; returns (layers, heads)."""
+    if not isinstance(stats, dict) or not isinstance(stats.get("entropy"), torch.Tensor):
+        got = f"'entropy' as {_kind_of(stats.get('entropy'))}" if isinstance(stats, dict) else type(stats).__name__
+        raise TypeError(f"stats must be the dict returned by head_stats ({{name: (layers, heads) tensor}}), got {got}")
+    shape = tuple(stats["entropy"].shape)
+    if len(shape) != 2:
+        raise ValueError(f"statistics must be (layers, heads) tensors, got 'entropy' of shape {shape}")
+    bad = {
+        k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        for k, v in stats.items()
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != shape
+    }
+    if bad:
+        raise ValueError(f"every statistic must be a (layers, heads) tensor of shape {shape} like 'entropy', got {bad}")
+    return shape
+
+
+def stats_labels(stats: dict, layer_names, roles, columns) -> None:
+    """``stats_table`` / ``plot_head_stats``: layer names, roles [layer][head] and column names that fit ``stats``."""
+    L, H = stats["entropy"].shape
+    if isinstance(layer_names, str) or not isinstance(layer_names, list | tuple):
+        raise TypeError(f"layer_names must be a list of {L} strings, one per layer, got {layer_names!r:.80}")
+    if roles is not None and not (
+        isinstance(roles, list | tuple) and len(roles) == L and all(len(row) == H for row in roles)
+    ):
+        raise ValueError(f"roles must be a list of {L} lists of {H} names (from role_labels), got {roles!r:.80}")
+    if columns is None:
+        return
+    if isinstance(columns, str) or not isinstance(columns, list | tuple):
+        raise TypeError(f"columns must be a list of statistic names, got {columns!r:.80}")
+    if not columns:
+        raise ValueError(f"columns is empty: name at least one statistic of {sorted(stats)}")
+    unknown = [c for c in columns if c not in stats]
+    if unknown:
+        raise ValueError(f"unknown statistics {unknown}; available: {sorted(stats)}")
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+def checkpoint_path(path) -> None:
+    """A path to a checkpoint file: a str or a ``pathlib.Path``."""
+    import os
+
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or pathlib.Path to a .pt file, got {type(path).__name__} {path!r:.40}")
+
+
+def checkpoint_config(config, path) -> None:
+    """Field ``config``: a dict of ``ModelConfig`` fields (no unknown ones, the required ones present), typed."""
+    import dataclasses
+
+    from .model import ModelConfig  # here, not at the top: the model imports this module
+
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: field 'config' must be a dict of ModelConfig fields, got {type(config).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    missing = [n for n, f in fields.items() if n not in config and f.default is dataclasses.MISSING]
+    unknown = sorted(str(k) for k in config if k not in fields)
+    if missing:
+        raise ValueError(f"{path}: field 'config' lacks the ModelConfig fields {missing}")
+    if unknown:
+        raise ValueError(f"{path}: field 'config' has fields {unknown} that ModelConfig does not know")
+    types = {"int": int, "str": str, "bool": bool, "float": int | float}
+    for name, value in config.items():
+        want = types.get(str(fields[name].type), object)
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            raise ValueError(f"{path}: config[{name!r}] must be of type {fields[name].type}, got {value!r:.40}")
+
+
+def checkpoint_state(state, path) -> None:
+    """Field ``state_dict``: a non-empty dict {parameter name: tensor}, floating ones finite."""
+    if not isinstance(state, dict) or not state:
+        raise ValueError(
+            f"{path}: field 'state_dict' must be a non-empty dict {{parameter name: tensor}}, got "
+            f"{type(state).__name__}{' (empty)' if isinstance(state, dict) else ''}"
+        )
+    for name, value in state.items():
+        if not isinstance(name, str):
+            raise ValueError(f"{path}: field 'state_dict' has a key {name!r} ({type(name).__name__}); keys are names")
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{path}: state_dict[{name!r}] must be a tensor, got {type(value).__name__}")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{path}: state_dict[{name!r}] contains NaN or inf")
+
+
+def checkpoint_fields(checkpoint: dict, path) -> None:
+    """A checkpoint's fields once its keys and format are known: task, config, state_dict, metrics (and train)."""
+    from .tasks import TASKS  # here, not at the top: tasks imports the model, which imports this module
+
+    task = checkpoint["task"]
+    if not isinstance(task, str) or task not in TASKS:
+        raise ValueError(f"{path}: field 'task' must name a task of this package ({', '.join(TASKS)}), got {task!r}")
+    checkpoint_config(checkpoint["config"], path)
+    checkpoint_state(checkpoint["state_dict"], path)
+    metrics = checkpoint["metrics"]
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{path}: field 'metrics' must be a dict {{name: number}}, got {type(metrics).__name__}")
+    bad = {k: v for k, v in metrics.items() if not (isinstance(k, str) and _is_real(v))}
+    if bad:
+        raise ValueError(f"{path}: field 'metrics' must map names to numbers, got {bad!r:.80}")
+    if "train" in checkpoint and not isinstance(checkpoint["train"], dict):
+        raise ValueError(f"{path}: field 'train' must be a dict of training settings, got {checkpoint['train']!r:.80}")
+
+
+def train_history(history) -> None:
+    """``save_checkpoint``'s ``history``: the dict that ``train`` returns."""
+    required = ("settings", "seed", "device", "accuracy", "eval_loss", "train_time_s", "loss")
+    if not isinstance(history, dict) or any(k not in history for k in required):
+        got = sorted(history) if isinstance(history, dict) else type(history).__name__
+        raise ValueError(f"history must be the dict returned by train(), with keys {required}; got {got}")
+    if not history["loss"]:
+        raise ValueError("history['loss'] is empty: a checkpoint records the final training loss")
+
+
+def positive_count(value, name: str) -> None:
+    """A count such as ``Task.make_batch``'s ``batch_size``: an int of at least 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
