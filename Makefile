@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# The core notebooks (NN_name) and the optional deep dives linked from them (NNa_name), in series order.
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9][a-z]_*.ipynb))
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
 .PHONY: install lab run student test lint unit nbval outputs clean

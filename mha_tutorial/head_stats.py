@@ -392,9 +392,9 @@ def plot_head_stats(stats: dict[str, torch.Tensor], layer_names, roles, columns,
         ax.barh(y, [0.0 if math.isnan(v) else v for v in values], color=f"C{i}", height=0.7)
         for yy, v in zip(y, values, strict=True):
             if math.isnan(v):
-                ax.text(0.02, yy, "n/a", va="center", fontsize=7, color="0.4", transform=ax.get_yaxis_transform())
+                ax.text(0.02, yy, "n/a", va="center", fontsize=8, color="0.4", transform=ax.get_yaxis_transform())
         ax.set_title(col.replace("_", " "), fontsize=9)
-        ax.tick_params(labelsize=7.5)
+        ax.tick_params(labelsize=8)
         if col in ("entropy", "confidence", "first", "self", "prev", "next") or col in patterns:
             ax.set_xlim(0, 1)
         if col in thresholds:

@@ -7,6 +7,7 @@ lives in ``maps.py``; per-head numbers and roles in ``head_stats.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,29 @@ import torch
 
 from . import _validate_experiments as validate
 from .tasks import BOS, PAD
+
+MIN_TICK_PT = 8.0  # the smallest type on any figure of the series
+
+
+def use_style() -> None:
+    """The series' figure settings: 100 dpi and type large enough to read where notebooks are shown
+    (GitHub, JupyterLab, the site). Call it after any seaborn theme, which resets these settings."""
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "figure.dpi": 100,
+            "savefig.dpi": 100,
+            "font.size": 10,
+            "axes.titlesize": 11,
+            "axes.labelsize": 10,
+            "xtick.labelsize": 9,
+            "ytick.labelsize": 9,
+            "legend.fontsize": 9,
+            "figure.titlesize": 12,
+        }
+    )
+
 
 __all__ = ["display_token", "plot_head_grid"]
 
@@ -103,9 +127,14 @@ def _keep_per_layer(keep, layers: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _tick_fontsize(n: int, panel_in: float) -> float:
-    """Font size (points) that lets ``n`` one-character labels fit along a panel ``panel_in`` inches long."""
-    return float(min(9.0, max(6.0, 0.8 * panel_in * 72 / max(n, 1))))
+def _tick_layout(n: int, panel_in: float) -> tuple[float, int]:
+    """Font size (points) and step for ``n`` one-character labels along a panel ``panel_in`` inches long.
+
+    Labels stay readable (8 pt at least): when all ``n`` do not fit, only every ``step``-th is shown.
+    """
+    room = 0.8 * panel_in * 72 / max(n, 1)  # points of axis per label
+    step = max(1, math.ceil(MIN_TICK_PT / room))
+    return float(min(9.0, max(MIN_TICK_PT, room * step))), step
 
 
 def plot_head_grid(  # noqa: PLR0913 -- the public signature, kept as is: notebooks pass these options by name
@@ -279,7 +308,7 @@ def _draw_panel(ax, grid: _Grid, l: int, h: int, show: tuple[bool, bool], style:
 
     w, keep = grid.layers[l][h], grid.keeps[l][h]  # (Q, K)
     Q, K = w.shape
-    size = _tick_fontsize(max(Q, K), style.panel_size)
+    size, step = _tick_layout(max(Q, K), style.panel_size)
     xl = [display_token(t) for t in grid.key_labels[l]]
     yl = [display_token(t) for t in grid.query_labels[l]]
     hatched = Rectangle(
@@ -292,14 +321,17 @@ def _draw_panel(ax, grid: _Grid, l: int, h: int, show: tuple[bool, bool], style:
     im = ax.imshow(data, cmap=style.colormap, vmin=0.0, vmax=top, interpolation="nearest", aspect="equal", zorder=1)
     if not style.shared_scale:
         bar = ax.figure.colorbar(im, ax=ax, shrink=0.85, pad=0.02)
-        bar.ax.tick_params(labelsize=7)
+        bar.ax.tick_params(labelsize=MIN_TICK_PT)
+        bar.set_label("attention weight", fontsize=MIN_TICK_PT)
     show_y, show_x = show
-    ax.set_yticks(range(Q), yl if show_y else [""] * Q)
-    ax.set_xticks(range(K), xl if show_x else [""] * K)
+    ax.set_yticks(range(0, Q, step), yl[::step] if show_y else [""] * len(range(0, Q, step)))
+    ax.set_xticks(range(0, K, step), xl[::step] if show_x else [""] * len(range(0, K, step)))
     ax.tick_params(axis="both", labelsize=size, length=0, pad=1.5)
     # Turn the key labels vertical only when two neighbours would overlap (a character is ~0.6 em wide).
+    shown = xl[::step]
     crowded = any(
-        (len(a) + len(b)) / 2 * 0.62 * size > 0.9 * style.panel_size * 72 / K for a, b in zip(xl, xl[1:], strict=False)
+        (len(a) + len(b)) / 2 * 0.62 * size > 0.9 * style.panel_size * 72 / len(shown)
+        for a, b in zip(shown, shown[1:], strict=False)
     )
     if show_x and crowded:
         ax.tick_params(axis="x", labelrotation=90)

@@ -52,12 +52,18 @@ h3 { margin-top: 2rem; } .sig { font-weight: 600; }
 """
 
 
+def series_notebooks() -> list[Path]:
+    """The core notebooks (NN_name) and the optional deep dives (NNa_name), in series order (04 before 04a)."""
+    found = [*(ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"), *(ROOT / "notebooks").glob("[0-9][0-9][a-z]_*.ipynb")]
+    return sorted(found, key=lambda p: p.name)
+
+
 def readme_summaries() -> dict[str, str]:
     """The one-line summary of each notebook from the README's series table (the one place it is written)."""
     readme = ROOT / "README.md"
     if not readme.exists():
         return {}
-    row = re.compile(r"^\|\s*\d+\s*\|\s*\[[^]]*\]\(notebooks/([^)]+)\)\s*\|\s*(.+?)\s*\|\s*$", re.M)
+    row = re.compile(r"^\|\s*\d+[a-z]?\s*\|\s*\[[^]]*\]\(notebooks/([^)]+)\)\s*\|\s*(.+?)\s*\|\s*$", re.M)
     return dict(row.findall(readme.read_text()))
 
 
@@ -209,10 +215,12 @@ def build(notebooks: list[Path], site: Path) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/NN_*.ipynb in order")
+    parser.add_argument(
+        "notebooks", nargs="*", type=Path, help="default: the series, core notebooks and deep dives, in order"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
     args = parser.parse_args(argv)
-    notebooks = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = args.notebooks or series_notebooks()
     build(notebooks, args.out)
     return 0
 

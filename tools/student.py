@@ -24,8 +24,13 @@ def _is_solution(cell) -> bool:
 
 
 def solutions_start(nb) -> int:
-    """Index of the ``## Solutions`` heading; every cell tagged ``solution`` must come after it."""
+    """Index of the ``## Solutions`` heading; every cell tagged ``solution`` must come after it.
+
+    A notebook without exercises (an optional deep dive) has neither: its "start" is its end.
+    """
     starts = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and SOLUTIONS.match(c.source)]
+    if not starts and not any(_is_solution(c) for c in nb.cells):
+        return len(nb.cells)
     if len(starts) != 1:
         raise ValueError(f"expected one '## Solutions' heading, found {len(starts)}")
     early = [i for i, c in enumerate(nb.cells[: starts[0]]) if _is_solution(c)]

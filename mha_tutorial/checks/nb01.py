@@ -105,67 +105,86 @@ def _weights(queries, keys, temperature, scale, dim=-1, transpose_scores=False):
     return F.softmax(scores, dim=dim)
 
 
+# (description, (B, Q, K, d, value size), temperature, seed); "4-D" in the description adds a head axis of 2
+_ATTENTION_CASES = [
+    ("3-D inputs, 4 queries and 4 keys, temperature 1", (2, 4, 4, 8, 5), 1.0, 11),
+    ("3-D inputs, 4 queries and 4 keys, temperature 0.5", (2, 4, 4, 9, 3), 0.5, 12),
+    ("3-D inputs, 3 queries and 4 keys, temperature 1", (2, 3, 4, 8, 5), 1.0, 10),
+    ("3-D inputs, 3 queries and 5 keys, temperature 3", (1, 3, 5, 4, 2), 3.0, 13),
+    ("4-D inputs with a head axis (2, 2, 3, 4, d=8), temperature 2", (2, 3, 4, 8, 5), 2.0, 14),
+]
+
+_TRANSPOSE_HINT = (
+    "\nHint: scores = queries @ keys.transpose(-2, -1) has shape (..., Q, K); transposing the last two axes "
+    "(not keys.T, which reverses every axis, nor transpose(1, 2), which breaks once a head axis is added) "
+    "works for 3-D and 4-D inputs."
+)
+
+
+def _expect_pair(result, case: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's (output, weights), each a tensor."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise CheckFailed(f"{case}: return a pair (output, weights), got {type(result).__name__}")
+    output, weights = (expect_tensor(x, case) for x in result)
+    return output, weights
+
+
+def _expect_weights_shape(weights: torch.Tensor, shape: tuple, case: str) -> None:
+    """``shape`` is (..., Q, K); a (..., K, Q) answer is named as the transposed scores."""
+    if tuple(weights.shape) != shape:
+        if tuple(weights.shape) == (*shape[:-2], shape[-1], shape[-2]):
+            raise CheckFailed(
+                f"{case}: weights have shape {tuple(weights.shape)} = (..., K, Q), expected (..., Q, K): "
+                "the scores are Q @ K^T (one row per query), not K @ Q^T"
+            )
+        expect_shape(weights, shape, case + " (weights, one row per query)")
+
+
+def _weights_mistakes(queries, keys, temperature, d):
+    """(message, the weights that mistake gives) for the usual ways to get the weights wrong."""
+    r = 1.0 / math.sqrt(d)
+    return [
+        (
+            "forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / T)",
+            _weights(queries, keys, temperature, 1.0),
+        ),
+        ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
+        ("multiplied by sqrt(d) instead of dividing by it", _weights(queries, keys, temperature, math.sqrt(d))),
+        (
+            "multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
+            _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None,
+        ),
+        (
+            "the temperature is ignored: the weights are those of temperature 1",
+            _weights(queries, keys, 1.0, r) if temperature != 1 else None,
+        ),
+        (
+            "softmax over the wrong axis: you normalised over the queries (dim=-2); it must be over the keys "
+            "(dim=-1), so that each query's weights sum to 1",
+            _weights(queries, keys, temperature, r, dim=-2),
+        ),
+        (
+            "wrong transposition: the weights are softmax(K Q^T) (one row per key); the scores are "
+            "Q @ K^T, one row per query",
+            _weights(queries, keys, temperature, r, transpose_scores=True),
+        ),
+    ]
+
+
 @friendly
 def check_temperature_attention(my_attention) -> None:
     """``my_attention(queries, keys, values, temperature)`` -> (output, weights), softmax(Q K^T / (T sqrt d)) V."""
-    cases = [
-        ("3-D inputs, 4 queries and 4 keys, temperature 1", (2, 4, 4, 8, 5), 1.0, 11),
-        ("3-D inputs, 4 queries and 4 keys, temperature 0.5", (2, 4, 4, 9, 3), 0.5, 12),
-        ("3-D inputs, 3 queries and 4 keys, temperature 1", (2, 3, 4, 8, 5), 1.0, 10),
-        ("3-D inputs, 3 queries and 5 keys, temperature 3", (1, 3, 5, 4, 2), 3.0, 13),
-        ("4-D inputs with a head axis (2, 2, 3, 4, d=8), temperature 2", (2, 3, 4, 8, 5), 2.0, 14),
-    ]
-    hint = (
-        "\nHint: scores = queries @ keys.transpose(-2, -1) has shape (..., Q, K); transposing the last two axes "
-        "(not keys.T, which reverses every axis, nor transpose(1, 2), which breaks once a head axis is added) "
-        "works for 3-D and 4-D inputs."
-    )
-    for case, (B, Q, K, d, v), temperature, seed in cases:
+    for case, (B, Q, K, d, v), temperature, seed in _ATTENTION_CASES:
         lead = (B, 2) if "4-D" in case else (B,)
         queries = _randn(*lead, Q, d, seed=seed)
         keys = _randn(*lead, K, d, seed=seed + 100)
         values = _randn(*lead, K, v, seed=seed + 200)
-        result = call(my_attention, queries, keys, values, temperature, case=case, hint=hint)
-        if not isinstance(result, (tuple, list)) or len(result) != 2:
-            raise CheckFailed(f"{case}: return a pair (output, weights), got {type(result).__name__}")
-        output, weights = (expect_tensor(x, case) for x in result)
+        result = call(my_attention, queries, keys, values, temperature, case=case, hint=_TRANSPOSE_HINT)
+        output, weights = _expect_pair(result, case)
         ref_out, ref_w = scaled_dot_product_attention(queries / temperature, keys, values)
-        r = 1.0 / math.sqrt(d)
-        if tuple(weights.shape) != (*lead, Q, K):
-            if tuple(weights.shape) == (*lead, K, Q):
-                raise CheckFailed(
-                    f"{case}: weights have shape {tuple(weights.shape)} = (..., K, Q), expected (..., Q, K): "
-                    "the scores are Q @ K^T (one row per query), not K @ Q^T"
-                )
-            expect_shape(weights, (*lead, Q, K), case + " (weights, one row per query)")
+        _expect_weights_shape(weights, (*lead, Q, K), case)
         expect_finite(weights, case)
-        mistakes = [
-            (
-                "forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / T)",
-                _weights(queries, keys, temperature, 1.0),
-            ),
-            ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
-            ("multiplied by sqrt(d) instead of dividing by it", _weights(queries, keys, temperature, math.sqrt(d))),
-            (
-                "multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
-                _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None,
-            ),
-            (
-                "the temperature is ignored: the weights are those of temperature 1",
-                _weights(queries, keys, 1.0, r) if temperature != 1 else None,
-            ),
-            (
-                "softmax over the wrong axis: you normalised over the queries (dim=-2); it must be over the keys "
-                "(dim=-1), so that each query's weights sum to 1",
-                _weights(queries, keys, temperature, r, dim=-2),
-            ),
-            (
-                "wrong transposition: the weights are softmax(K Q^T) (one row per key); the scores are "
-                "Q @ K^T, one row per query",
-                _weights(queries, keys, temperature, r, transpose_scores=True),
-            ),
-        ]
-        diagnose(weights, ref_w, mistakes, case + " (weights)")
+        diagnose(weights, ref_w, _weights_mistakes(queries, keys, temperature, d), case + " (weights)")
         expect_shape(output, (*lead, Q, v), case + " (output)")
         out_mistakes = [
             (
@@ -174,7 +193,7 @@ def check_temperature_attention(my_attention) -> None:
             ),
         ]
         diagnose(output, ref_out, out_mistakes, case + " (output)")
-    passed("check_temperature_attention", len(cases))
+    passed("check_temperature_attention", len(_ATTENTION_CASES))
 
 
 # --------------------------------------------------------------------------- Exercise 3

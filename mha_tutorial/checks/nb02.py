@@ -136,10 +136,9 @@ def _seeded_scores(shape, seed, dtype=torch.float32):
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2).to(dtype)
 
 
-@friendly
-def check_masked_softmax(my_masked_softmax) -> None:
-    """``my_masked_softmax(scores, valid_lens)``: zeros on padded keys, zero rows when nothing is visible."""
-    cases = [
+def _masked_softmax_cases():
+    """(description, scores, valid_lens), seeded; some rows see no key, and two cases are half precision."""
+    return [
         ("float32 scores (2, 3, 4), valid_lens [2, 4]", _seeded_scores((2, 3, 4), 30), torch.tensor([2, 4])),
         ("float32 scores (3, 2, 5), valid_lens [5, 1, 3]", _seeded_scores((3, 2, 5), 31), torch.tensor([5, 1, 3])),
         (
@@ -163,58 +162,48 @@ def check_masked_softmax(my_masked_softmax) -> None:
             torch.tensor([3, 0]),
         ),
     ]
-    fp16_hint = (
-        "\nHint: a constant such as -1e9 does not fit in float16 (its largest magnitude is 65504). "
-        "Use torch.finfo(scores.dtype).min, which exists in every floating dtype"
-    )
-    for case, scores, valid_lens in cases:
-        actual = expect_tensor(
-            call(
-                my_masked_softmax,
-                scores.clone(),
-                valid_lens.clone(),
-                case=case,
-                hint=fp16_hint if scores.dtype != torch.float32 else "",
-            ),
-            case,
-        )
-        expected = masked_softmax(scores, valid_lens)
-        expect_shape(actual, expected.shape, case)
-        if actual.dtype != scores.dtype:
-            raise CheckFailed(
-                f"{case}: the result has dtype {actual.dtype}; keep the dtype of the scores "
-                f"({scores.dtype}) (adding a float32 mask to half-precision scores silently upcasts)"
-            )
-        keep = padding_mask(valid_lens, scores.shape[-1])  # (B, 1 or Q, K)
-        empty = ~keep.any(dim=-1).expand(scores.shape[:-1])  # (B, Q): rows with no visible key
-        actual_f, expected_f = actual.detach().float().cpu(), expected.float()
-        if torch.isnan(actual_f[empty]).any():
-            raise CheckFailed(
-                f"{case}: NaN on a fully-masked row: filling every score of a row with -inf gives "
-                "exp(-inf) / sum = 0 / 0 = NaN. A query that may see no key must get a row of zeros"
-            )
-        if torch.isnan(actual_f).any() or torch.isinf(actual_f).any():
-            raise CheckFailed(f"{case}: the result contains NaN or inf on rows that do have visible keys")
-        K = scores.shape[-1]
-        if empty.any() and torch.allclose(actual_f[empty], torch.full_like(actual_f[empty], 1.0 / K), atol=2e-3):
-            raise CheckFailed(
-                f"{case}: uniform instead of zero rows: a fully-masked row came out as 1/K = {1 / K:.3g} for every "
-                "key (a large negative fill makes all its scores equal, so softmax spreads the weight evenly, "
-                "over padding). Set the rows with no visible key to zero"
-            )
-        inverted = masked_softmax(scores.float(), mask=~keep.expand(scores.shape))
-        if torch.allclose(actual_f, inverted, atol=2e-3):
-            raise CheckFailed(f"{case}: {_INVERTED}: the weights sit on the padded keys")
-        if (actual_f.masked_select(~keep.expand(scores.shape)).abs() > 0).any():
-            lens = valid_lens[:, None, None] if valid_lens.dim() == 1 else valid_lens[..., None]
-            off_by_one = masked_softmax(scores.float(), mask=torch.arange(K) <= lens)
-            if torch.allclose(actual_f, off_by_one, atol=2e-3):
-                raise CheckFailed(f"{case}: off-by-one: key j is visible when j < valid_len (you used <=)")
-            raise CheckFailed(f"{case}: a masked (padded) key got a non-zero weight; masked keys must get exactly 0")
-        tol = 1e-5 if scores.dtype == torch.float32 else 1e-2
-        expect_close(actual_f, expected_f, case, atol=tol, rtol=tol)
 
-    # The gradient must be finite too: a NaN gradient poisons every parameter in one optimiser step.
+
+_FP16_HINT = (
+    "\nHint: a constant such as -1e9 does not fit in float16 (its largest magnitude is 65504). "
+    "Use torch.finfo(scores.dtype).min, which exists in every floating dtype"
+)
+
+
+def _expect_empty_rows_zero(actual_f, scores, keep, case: str) -> None:
+    """No NaN or inf anywhere, and a row that sees no key is zeros (not NaN, not uniform)."""
+    empty = ~keep.any(dim=-1).expand(scores.shape[:-1])  # (B, Q): rows with no visible key
+    if torch.isnan(actual_f[empty]).any():
+        raise CheckFailed(
+            f"{case}: NaN on a fully-masked row: filling every score of a row with -inf gives "
+            "exp(-inf) / sum = 0 / 0 = NaN. A query that may see no key must get a row of zeros"
+        )
+    if torch.isnan(actual_f).any() or torch.isinf(actual_f).any():
+        raise CheckFailed(f"{case}: the result contains NaN or inf on rows that do have visible keys")
+    K = scores.shape[-1]
+    if empty.any() and torch.allclose(actual_f[empty], torch.full_like(actual_f[empty], 1.0 / K), atol=2e-3):
+        raise CheckFailed(
+            f"{case}: uniform instead of zero rows: a fully-masked row came out as 1/K = {1 / K:.3g} for every "
+            "key (a large negative fill makes all its scores equal, so softmax spreads the weight evenly, "
+            "over padding). Set the rows with no visible key to zero"
+        )
+
+
+def _expect_padding_zero(actual_f, scores, valid_lens, keep, case: str) -> None:
+    """Every padded key gets exactly 0; an inverted mask or an off-by-one length is named."""
+    inverted = masked_softmax(scores.float(), mask=~keep.expand(scores.shape))
+    if torch.allclose(actual_f, inverted, atol=2e-3):
+        raise CheckFailed(f"{case}: {_INVERTED}: the weights sit on the padded keys")
+    if (actual_f.masked_select(~keep.expand(scores.shape)).abs() > 0).any():
+        lens = valid_lens[:, None, None] if valid_lens.dim() == 1 else valid_lens[..., None]
+        off_by_one = masked_softmax(scores.float(), mask=torch.arange(scores.shape[-1]) <= lens)
+        if torch.allclose(actual_f, off_by_one, atol=2e-3):
+            raise CheckFailed(f"{case}: off-by-one: key j is visible when j < valid_len (you used <=)")
+        raise CheckFailed(f"{case}: a masked (padded) key got a non-zero weight; masked keys must get exactly 0")
+
+
+def _check_gradient(my_masked_softmax) -> None:
+    """The gradient must be finite too: a NaN gradient poisons every parameter in one optimiser step."""
     case = "gradient through a fully-masked row (float32, valid_lens [0, 2])"
     scores = _seeded_scores((2, 3, 4), 36).requires_grad_()
     out = call(my_masked_softmax, scores, torch.tensor([0, 2]), case=case)
@@ -234,4 +223,28 @@ def check_masked_softmax(my_masked_softmax) -> None:
     ref = scores.detach().clone().requires_grad_()
     (masked_softmax(ref, torch.tensor([0, 2])) * upstream).sum().backward()
     expect_close(scores.grad, ref.grad, case + " (gradient)", atol=1e-5)
+
+
+@friendly
+def check_masked_softmax(my_masked_softmax) -> None:
+    """``my_masked_softmax(scores, valid_lens)``: zeros on padded keys, zero rows when nothing is visible."""
+    cases = _masked_softmax_cases()
+    for case, scores, valid_lens in cases:
+        hint = _FP16_HINT if scores.dtype != torch.float32 else ""
+        actual = call(my_masked_softmax, scores.clone(), valid_lens.clone(), case=case, hint=hint)
+        actual = expect_tensor(actual, case)
+        expected = masked_softmax(scores, valid_lens)
+        expect_shape(actual, expected.shape, case)
+        if actual.dtype != scores.dtype:
+            raise CheckFailed(
+                f"{case}: the result has dtype {actual.dtype}; keep the dtype of the scores "
+                f"({scores.dtype}) (adding a float32 mask to half-precision scores silently upcasts)"
+            )
+        keep = padding_mask(valid_lens, scores.shape[-1])  # (B, 1 or Q, K)
+        actual_f = actual.detach().float().cpu()
+        _expect_empty_rows_zero(actual_f, scores, keep, case)
+        _expect_padding_zero(actual_f, scores, valid_lens, keep, case)
+        tol = 1e-5 if scores.dtype == torch.float32 else 1e-2
+        expect_close(actual_f, expected.float(), case, atol=tol, rtol=tol)
+    _check_gradient(my_masked_softmax)
     passed("check_masked_softmax", len(cases) + 1)

@@ -268,6 +268,64 @@ def _param_cases():
     ]
 
 
+def _as_count(actual, case: str) -> int:
+    """The learner's answer as an int (a one-element integer tensor is fine); anything else fails."""
+    if isinstance(actual, torch.Tensor) and actual.numel() == 1 and not actual.is_floating_point():
+        actual = actual.item()
+    if isinstance(actual, bool) or not isinstance(actual, numbers.Integral):
+        raise CheckFailed(f"{case}: return the count as an int, got {actual!r} ({type(actual).__name__})")
+    return actual
+
+
+def _param_mistakes(model, heads, total: int) -> list[tuple[str, int, bool]]:
+    """(message, the count that mistake gives, whether it applies to this model) for the usual wrong counts."""
+    D, H = model.config.num_hiddens, model.num_heads
+    d, bias = D // H, model.config.bias
+    n = sum(len(chosen) for chosen in heads.values())
+    right = n * (4 * d * D + (3 * d if bias else 0))  # parameters that go
+    attention_after = sum(pruning.count_parameters(layer) for _, layer in model.attention_layers()) - right
+    return [
+        (
+            "forgot W_o: each pruned head also takes its d columns of W_o (d * num_hiddens weights)",
+            total - n * (3 * d * D + (3 * d if bias else 0)),
+            True,
+        ),
+        (
+            "removed a share of W_o's bias too: W_o loses input columns, not outputs, so its bias "
+            "(num_hiddens numbers) stays whole",
+            total - n * (4 * d * D + 4 * d),
+            bias,
+        ),
+        (
+            "forgot the biases: with bias=True each pruned head also takes d entries of the biases of W_q, W_k and W_v",
+            total - n * 4 * d * D,
+            bias,
+        ),
+        (
+            "removed bias entries, but this model has bias=False (model.config.bias)",
+            total - n * (4 * d * D + 3 * d),
+            not bias,
+        ),
+        (
+            "counted a d x d block per head and matrix; a head's slice of W_q is d rows of full width "
+            "num_hiddens (and of W_o, d columns of full height)",
+            total - n * (4 * d * d + (3 * d if bias else 0)),
+            True,
+        ),
+        (
+            "returned the number of parameters removed; the question is how many remain",
+            right,
+            n > 0,
+        ),
+        (
+            "counted only the attention layers; the question is the whole model's count "
+            "(embeddings, MLPs, LayerNorms and the output layer are untouched)",
+            attention_after,
+            True,
+        ),
+    ]
+
+
 @friendly
 def check_params_after_pruning(fn) -> None:
     """``fn(model, heads)`` -> int: parameters of ``model`` once ``heads`` ({layer: [head, ...]}) are pruned.
@@ -278,61 +336,11 @@ def check_params_after_pruning(fn) -> None:
     cases = _param_cases()
     for model, heads, case in cases:
         expected = pruning.count_parameters(pruning.pruned_copy(model, heads))
-        actual = call(fn, _guarded(model), copy.deepcopy(heads), case=case)
-        if isinstance(actual, torch.Tensor) and actual.numel() == 1 and not actual.is_floating_point():
-            actual = actual.item()
-        if isinstance(actual, bool) or not isinstance(actual, numbers.Integral):
-            raise CheckFailed(f"{case}: return the count as an int, got {actual!r} ({type(actual).__name__})")
+        actual = _as_count(call(fn, _guarded(model), copy.deepcopy(heads), case=case), case)
         if actual == expected:
             continue
         total = pruning.count_parameters(model)
-        D, H = model.config.num_hiddens, model.num_heads
-        d, bias = D // H, model.config.bias
-        n = sum(len(chosen) for chosen in heads.values())
-        right = n * (4 * d * D + (3 * d if bias else 0))  # parameters that go
-        attention_after = sum(pruning.count_parameters(layer) for _, layer in model.attention_layers()) - right
-        candidates = [
-            (
-                "forgot W_o: each pruned head also takes its d columns of W_o (d * num_hiddens weights)",
-                total - n * (3 * d * D + (3 * d if bias else 0)),
-                True,
-            ),
-            (
-                "removed a share of W_o's bias too: W_o loses input columns, not outputs, so its bias "
-                "(num_hiddens numbers) stays whole",
-                total - n * (4 * d * D + 4 * d),
-                bias,
-            ),
-            (
-                "forgot the biases: with bias=True each pruned head also takes d entries of the biases "
-                "of W_q, W_k and W_v",
-                total - n * 4 * d * D,
-                bias,
-            ),
-            (
-                "removed bias entries, but this model has bias=False (model.config.bias)",
-                total - n * (4 * d * D + 3 * d),
-                not bias,
-            ),
-            (
-                "counted a d x d block per head and matrix; a head's slice of W_q is d rows of full width "
-                "num_hiddens (and of W_o, d columns of full height)",
-                total - n * (4 * d * d + (3 * d if bias else 0)),
-                True,
-            ),
-            (
-                "returned the number of parameters removed; the question is how many remain",
-                right,
-                n > 0,
-            ),
-            (
-                "counted only the attention layers; the question is the whole model's count "
-                "(embeddings, MLPs, LayerNorms and the output layer are untouched)",
-                attention_after,
-                True,
-            ),
-        ]
-        for message, wrong, applies in candidates:
+        for message, wrong, applies in _param_mistakes(model, heads, total):
             if applies and actual == wrong:
                 raise CheckFailed(f"{case}: got {actual}, expected {expected}: {message}")
         raise CheckFailed(

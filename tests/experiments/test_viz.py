@@ -468,3 +468,22 @@ def test_display_and_date_labels():
     assert viz.display_token(" ") == "␣" and viz.display_token("a") == "a"
     assert attention_maps.date_field_labels("{dd}.{mm}.{Y}") == list("dd.mm.YYYY")
     assert attention_maps.date_field_labels("{Y}.{mm}.{dd}") == list("YYYY.mm.dd")
+
+
+def test_long_sequences_show_every_other_label_at_a_readable_size_rather_than_shrinking():
+    tokens = [f"t{i}" for i in range(24)]
+    weights = torch.stack([_softmax_weights(2, 24, 24, seed=s) for s in range(2)])  # (L, H, Q, K)
+    fig = viz.plot_head_grid(weights, tokens, tokens, shared_scale=False)
+    for ax in (a for a in fig.axes if a.images):
+        shown = [t for t in ax.get_xticklabels() if t.get_text()]
+        sizes = [t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()]
+        assert min(sizes) >= viz.MIN_TICK_PT
+        if shown:
+            assert 1 < len(shown) < 24 and shown[0].get_text() == "t0"
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert bars and all(bar.get_ylabel() == "attention weight" for bar in bars)
+
+
+def test_use_style_sets_the_series_figure_settings():
+    viz.use_style()
+    assert plt.rcParams["figure.dpi"] == 100 and plt.rcParams["xtick.labelsize"] >= viz.MIN_TICK_PT

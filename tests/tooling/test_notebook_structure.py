@@ -106,3 +106,17 @@ def test_committed_outputs_are_clean(notebook):
 def test_kernel_is_the_plain_python3_kernel(notebook):
     _, nb = notebook
     assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+DEEP_DIVES = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9][a-z]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", DEEP_DIVES, ids=[p.stem for p in DEEP_DIVES])
+def test_a_deep_dive_is_optional_linked_from_its_core_notebook_and_links_back(path):
+    (core,) = path.parent.glob(f"{path.name[:2]}_*.ipynb")
+    assert path.name in markdown(nbformat.read(core, as_version=4)), f"{core.name} does not link to {path.name}"
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+    opening = "\n".join(c.source for c in nb.cells[:3] if c.cell_type == "markdown")
+    assert "optional" in opening.lower() and core.name in opening
+    assert problems(path) == []
