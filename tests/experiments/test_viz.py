@@ -487,3 +487,15 @@ def test_long_sequences_show_every_other_label_at_a_readable_size_rather_than_sh
 def test_use_style_sets_the_series_figure_settings():
     viz.use_style()
     assert plt.rcParams["figure.dpi"] == 100 and plt.rcParams["xtick.labelsize"] >= viz.MIN_TICK_PT
+
+
+def test_draw_flow_draws_a_box_per_step_and_a_labelled_arrow_per_edge():
+    boxes = {"q": (0.1, 0.5, "queries"), "s": (0.5, 0.5, "scores"), "w": (0.9, 0.5, "weights")}
+    fig = viz.draw_flow(
+        boxes, [("q", "s", "(B, Q, d)"), ("s", "w", "(B, Q, K)")], title="flow", notes=[(0.5, 0.9, "n")]
+    )
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.texts]
+    assert {"queries", "scores", "weights", "(B, Q, d)", "(B, Q, K)", "n"} <= set(texts)
+    assert len(ax.patches) == 3 and ax.get_title() == "flow"
+    assert min(t.get_fontsize() for t in ax.texts) >= viz.MIN_TICK_PT
