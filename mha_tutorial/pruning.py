@@ -172,7 +172,7 @@ def iterative_importance_order(
     """Mask the least important head, recompute importance with it masked, repeat.
 
     With ``normalize`` each recomputation is normalised per layer, which makes the weakest
-    remaining head of every layer look small; notebook 07 shows when that hurts.
+    remaining head of every layer look small; the optional notebook 07a shows when that hurts.
     """
     L, H = _sizes(model)
     device = next(model.parameters()).device

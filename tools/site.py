@@ -35,6 +35,7 @@ API_MODULES = [
     "model",
     "train",
     "viz",
+    "figures",
     "maps",
     "head_stats",
     "pruning",

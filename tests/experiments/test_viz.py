@@ -11,7 +11,7 @@ import pytest
 import torch
 from matplotlib.patches import Rectangle
 
-from mha_tutorial import head_stats, viz
+from mha_tutorial import figures, head_stats, viz
 from mha_tutorial import maps as attention_maps
 from mha_tutorial.masks import causal_mask
 from mha_tutorial.model import build_model
@@ -477,7 +477,7 @@ def test_long_sequences_show_every_other_label_at_a_readable_size_rather_than_sh
     for ax in (a for a in fig.axes if a.images):
         shown = [t for t in ax.get_xticklabels() if t.get_text()]
         sizes = [t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()]
-        assert min(sizes) >= viz.MIN_TICK_PT
+        assert min(sizes) >= figures.MIN_TICK_PT
         if shown:
             assert 1 < len(shown) < 24 and shown[0].get_text() == "t0"
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
@@ -485,17 +485,17 @@ def test_long_sequences_show_every_other_label_at_a_readable_size_rather_than_sh
 
 
 def test_use_style_sets_the_series_figure_settings():
-    viz.use_style()
-    assert plt.rcParams["figure.dpi"] == 100 and plt.rcParams["xtick.labelsize"] >= viz.MIN_TICK_PT
+    figures.use_style()
+    assert plt.rcParams["figure.dpi"] == 100 and plt.rcParams["xtick.labelsize"] >= figures.MIN_TICK_PT
 
 
 def test_draw_flow_draws_a_box_per_step_and_a_labelled_arrow_per_edge():
     boxes = {"q": (0.1, 0.5, "queries"), "s": (0.5, 0.5, "scores"), "w": (0.9, 0.5, "weights")}
-    fig = viz.draw_flow(
+    fig = figures.draw_flow(
         boxes, [("q", "s", "(B, Q, d)"), ("s", "w", "(B, Q, K)")], title="flow", notes=[(0.5, 0.9, "n")]
     )
     (ax,) = fig.axes
     texts = [t.get_text() for t in ax.texts]
     assert {"queries", "scores", "weights", "(B, Q, d)", "(B, Q, K)", "n"} <= set(texts)
     assert len(ax.patches) == 3 and ax.get_title() == "flow"
-    assert min(t.get_fontsize() for t in ax.texts) >= viz.MIN_TICK_PT
+    assert min(t.get_fontsize() for t in ax.texts) >= figures.MIN_TICK_PT
