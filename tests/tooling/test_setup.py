@@ -40,12 +40,16 @@ def environment() -> dict:
 
 
 def conda_pins() -> tuple[dict[str, str], list]:
-    """(conda packages other than python/pip -> version, the pip sub-list)."""
+    """(packages other than python/pip -> version, the pip sub-list). Packages that conda-forge does not carry
+    are pinned in the pip sub-list as name==version and count as pins too."""
     pins, pip_section = {}, None
     for dep in environment()["dependencies"]:
         if isinstance(dep, dict):
             assert set(dep) == {"pip"}, f"unexpected section in environment.yml: {dep}"
             pip_section = dep["pip"]
+            for line in pip_section:
+                if match := PIN.match(line):
+                    pins[normalize(match[1])] = match[2]
             continue
         name, _, version = str(dep).partition("=")
         if name in ("python", "pip"):
