@@ -3,11 +3,13 @@
 Notebook 01 -> attention.py, 02 -> masks.py, 03 -> heads.py and variants.py,
 04 -> mha.py (and bench.py for what it costs), 05 -> tasks.py, model.py, train.py,
 06 -> viz.py (the heatmap grid), maps.py (weights from a model) and head_stats.py,
-07 -> pruning.py. Every notebook ends by checking its own code
+07 -> pruning.py, 09 -> bert.py (a BERT-style encoder) and minilm.py (the pretrained
+all-MiniLM-L6-v2 loaded into it). Every notebook ends by checking its own code
 against these; ``checks`` holds the automatic checks of the exercises.
 """
 
 from .attention import DotProductAttention, masked_softmax, scaled_dot_product_attention
+from .bert import BertConfig, BertEncoder, mean_pool
 from .device import get_device
 from .heads import transpose_output, transpose_qkv
 from .masks import (
@@ -19,6 +21,7 @@ from .masks import (
     padding_mask,
 )
 from .mha import AddNorm, MultiHeadAttention
+from .minilm import embed, load_minilm, tokenize
 from .model import ModelConfig, build_model
 from .tasks import get_task, load_split
 from .train import evaluate, load_pretrained, train
@@ -26,6 +29,12 @@ from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqF
 
 __all__ = [
     "AddNorm",
+    "BertConfig",
+    "BertEncoder",
+    "embed",
+    "load_minilm",
+    "mean_pool",
+    "tokenize",
     "ModelConfig",
     "build_model",
     "evaluate",
