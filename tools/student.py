@@ -19,8 +19,12 @@ from pathlib import Path
 SOLUTIONS = re.compile(r"## Solutions\s*(\n|$)")
 
 
+def has_tag(cell, tag: str) -> bool:
+    return tag in cell.get("metadata", {}).get("tags", [])
+
+
 def _is_solution(cell) -> bool:
-    return "solution" in cell.get("metadata", {}).get("tags", [])
+    return has_tag(cell, "solution")
 
 
 def solutions_start(nb) -> int:
