@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The core notebooks (NN_name) and the optional deep dives linked from them (NNa_name), in series order.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9][a-z]_*.ipynb))
-NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sanitize.cfg
 
 .PHONY: install lab run site student nbgrader test lint unit nbval outputs clean
 
@@ -27,15 +27,26 @@ $(STAMP): requirements.txt pyproject.toml
 lab: install
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-## Execute every notebook headless into build/notebooks/ (on the GPU when there is one), render build/site/index.html.
+## Execute every notebook headless into build/notebooks/ (on the GPU when there is one), timing each one
+## (build/notebooks/timings.json), then build the site from them: build/site/index.html.
 run: install
 	rm -rf build/notebooks && mkdir -p build/notebooks && cp $(NOTEBOOKS) build/notebooks/
-	$(VENV)/bin/jupyter execute --inplace $(addprefix build/,$(NOTEBOOKS))
-	$(PY) tools/site.py --out build/site $(addprefix build/,$(NOTEBOOKS))
+	$(PY) tools/run_notebooks.py $(addprefix build/,$(NOTEBOOKS))
+	$(PY) tools/build_site.py --notebooks build/notebooks --out build/site
+
+## Build the site (Sphinx) into build/site/: from build/notebooks/ when `make run` executed them there, else
+## from the committed notebooks/. Nothing is executed.
+site: install
+	$(PY) tools/build_site.py --notebooks $(if $(wildcard build/notebooks/*.ipynb),build/notebooks,notebooks) --out build/site
 
 ## Write the student edition to build/student/: the notebooks without their Solutions sections.
 student: install
 	$(PY) tools/student.py --out build/student $(NOTEBOOKS)
+
+## Write an nbgrader course to build/nbgrader/: one assignment per notebook with exercises, the solutions marked for
+## generate_assignment, each check a locked test cell worth 1 point that runs strict (see docs/teaching.md).
+nbgrader: install
+	$(PY) tools/nbgrader_course.py --out build/nbgrader $(NOTEBOOKS)
 
 ## Lint, then the unit tests (student edition and site included) and strict nbval over every notebook, side by
 ## side with one PyTorch thread each: the models are tiny, so two single-threaded jobs use two cores best.
@@ -50,8 +61,12 @@ lint: install
 unit: install
 	$(PY) -m pytest -q tests
 
+## Strict nbval as a learner without the repository runs the notebooks: executed by the kernel of a fresh venv that
+## holds the package's wheel and only its declared dependencies (tools/wheel_env.py), in a folder outside the checkout.
 nbval: install
-	$(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(PY) tools/wheel_env.py "$$d/env" >/dev/null && \
+	mkdir "$$d/notebooks" && cp $(NOTEBOOKS) notebooks/nbval_sanitize.cfg "$$d/notebooks/" && cd "$$d/notebooks" && \
+	JUPYTER_PATH="$$d/env/share/jupyter" $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) *.ipynb
 
 ## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does),
 ## then drop the per-cell timestamps that would make every re-run a diff.

@@ -246,16 +246,18 @@ def head_stats(model, task_name: str, examples) -> dict[str, torch.Tensor]:
     """Per-head statistics of ``model`` on ``examples``: {name: (num_attention_layers, num_heads) CPU tensor}.
 
     Always present (rows in ``model.attention_layers()`` order):
-      ``entropy``     mean normalised entropy (1 = uniform over the visible keys, 0 = one key);
-      ``distance``    mean |i - j| under the weights (NaN for cross-attention);
-      ``confidence``  mean largest weight of a row;
-      ``first``       mean weight on key 0 (the first token, or ``<bos>``);
-      ``self``, ``prev``, ``next``  mean weight on key i, i - 1, i + 1 (NaN for cross-attention);
-      ``tv_to_nearest``  mean total-variation distance to the most similar other head of the same
-                      layer (0 = an identical twin);
-    plus the task's own patterns from ``pattern_scores`` (NaN for layers they do not cover):
+
+    - ``entropy``: mean normalised entropy (1 = uniform over the visible keys, 0 = one key);
+    - ``distance``: mean ``|i - j|`` under the weights (NaN for cross-attention);
+    - ``confidence``: mean largest weight of a row;
+    - ``first``: mean weight on key 0 (the first token, or ``<bos>``);
+    - ``self``, ``prev``, ``next``: mean weight on key i, i - 1, i + 1 (NaN for cross-attention);
+    - ``tv_to_nearest``: total-variation distance to the most similar other head of its layer (0 = a twin).
+
+    Plus the task's own patterns from ``pattern_scores`` (NaN for layers they do not cover):
     ``anti_diagonal`` (reversal), ``previous_token`` and ``induction`` (induction),
     ``field_alignment`` (dates, cross-attention).
+
     Rows count as described in the module docstring (real queries with at least two visible keys).
     A pruned model keeps the (layers, heads) shape: NaN for the heads it no longer has.
     """

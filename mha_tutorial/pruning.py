@@ -37,6 +37,9 @@ from .train import evaluate
 
 
 def _sizes(model) -> tuple[int, int]:
+    """(num_attention_layers, num_heads) of a model, or the pair itself when given one."""
+    if isinstance(model, tuple):
+        return model
     return model.num_attention_layers, model.num_heads
 
 
@@ -92,7 +95,7 @@ def gradient_importance(
     head_mask: torch.Tensor | None = None,
     normalize: bool = True,
 ) -> torch.Tensor:
-    r"""I[l, h] = mean over examples of |dL(x)/d head_mask[l, h]|, at ``head_mask`` (default all ones).
+    r"""I[l, h] = mean over examples of ``|dL(x)/d head_mask[l, h]|``, at ``head_mask`` (default all ones).
 
     Computed example by example (the absolute value must be taken per example:
     gradients of opposite sign from different examples would otherwise cancel)
@@ -123,9 +126,12 @@ def gradient_importance(
     finally:
         model.train(was_training)
     importance = (total / len(rows)) * (gates.detach() != 0)
-    if normalize:
-        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    return importance.cpu()
+    return normalize_per_layer(importance).cpu() if normalize else importance.cpu()
+
+
+def normalize_per_layer(importance: torch.Tensor) -> torch.Tensor:
+    """Each row (layer) of an (L, H) importance table divided by its L2 norm (Michel et al.); a zero row stays 0."""
+    return importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
 
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -160,6 +166,7 @@ def order_from_scores(scores: torch.Tensor, ascending: bool = True) -> list[tupl
 
 
 def random_order(model, seed: int) -> list[tuple[int, int]]:
+    """Every (layer, head) of ``model`` -- or of a (num_layers, num_heads) pair -- shuffled by ``random.Random(seed)``."""
     L, H = _sizes(model)
     heads = [(layer, head) for layer in range(L) for head in range(H)]
     random.Random(seed).shuffle(heads)
@@ -196,30 +203,48 @@ def pruning_curve(model, task_name: str, order, split: str = "eval", examples=No
     first k heads of ``order`` switched off (entry 0 is the full model).
     """
     rows = _examples(task_name, split, examples, limit)
-    L, H = _sizes(model)
     device = next(model.parameters()).device
-    mask = torch.ones(L, H, device=device)
+    order_mask(model, order)  # the whole order is checked before the first evaluation
     accuracy, loss = [], []
     for k in range(len(order) + 1):
-        if k:
-            layer, head = order[k - 1]
-            if not (0 <= layer < L and 0 <= head < H):
-                raise ValueError(f"head {(layer, head)} is outside the model's {L} layers x {H} heads")
-            if mask[layer, head] == 0:
-                raise ValueError(f"head {(layer, head)} appears twice in the pruning order")
-            mask[layer, head] = 0.0
+        mask = order_mask(model, order, k, device)
         result = evaluate(model, task_name, examples=rows, head_mask=mask)
         accuracy.append(result["accuracy"])
         loss.append(result["loss"])
     return {"accuracy": torch.tensor(accuracy), "loss": torch.tensor(loss)}
 
 
-def area_under_curve(values: torch.Tensor) -> float:
-    """Mean of the curve over the fraction of heads removed (trapezoids on [0, 1]): 1.0 = never drops."""
+def order_mask(model, order, n: int | None = None, device=None) -> torch.Tensor:
+    """The ``head_mask`` (L, H) of ``model`` with the first ``n`` heads of ``order`` (default: all) set to 0.
+
+    Raises ValueError for a head outside the model or one that appears twice in ``order``.
+    """
+    L, H = _sizes(model)
+    mask, seen = torch.ones(L, H, device=device), set()
+    for k, (layer, head) in enumerate(order):
+        if not (0 <= layer < L and 0 <= head < H):
+            raise ValueError(f"head {(layer, head)} is outside the model's {L} layers x {H} heads")
+        if (layer, head) in seen:
+            raise ValueError(f"head {(layer, head)} appears twice in the pruning order")
+        seen.add((layer, head))
+        if n is None or k < n:
+            mask[layer, head] = 0.0
+    return mask
+
+
+def area_under_curve(values: torch.Tensor, counts=None) -> float:
+    """Mean of the curve over the fraction of heads removed (trapezoids on [0, 1]): 1.0 = never drops.
+
+    Without ``counts`` the points are evenly spaced (0, 1, 2, ... heads removed); with them, point i
+    sits at ``counts[i]`` heads and the area is divided by the range ``counts[-1] - counts[0]``.
+    """
     values = torch.as_tensor(values, dtype=torch.double)
     if values.numel() < 2:
         raise ValueError("a pruning curve needs at least two points")
-    return float(torch.trapezoid(values, dx=1.0 / (values.numel() - 1)))
+    if counts is None:
+        return float(torch.trapezoid(values, dx=1.0 / (values.numel() - 1)))
+    x = torch.as_tensor(counts, dtype=torch.double)
+    return float(torch.trapezoid(values, x) / (x[-1] - x[0]))
 
 
 def heads_prunable(accuracy: torch.Tensor, tolerance: float = 0.01) -> int:

@@ -114,7 +114,7 @@ _IMPORTANCE_CASES = [("induction", 1, 6), ("dates", 3, 5), ("dates", 0, 4)]  # (
 
 @friendly
 def check_head_importance(fn) -> None:
-    """``fn(model, task_name, examples, layer)`` -> (H,): mean over ``examples`` of |dL(x)/d head_mask[layer, h]|.
+    """``fn(model, task_name, examples, layer)`` -> (H,): mean over ``examples`` of ``|dL(x)/d head_mask[layer, h]|``.
 
     All gates at 1, the model in eval mode, the loss of one example the mean cross-entropy over the
     positions of its ``loss_mask``, no normalisation: ``pruning.gradient_importance(..., normalize=False)[layer]``.

@@ -1,0 +1,194 @@
+"""Build the series' website with Sphinx, myst-nb and the book theme (``make run``, ``make site``).
+
+    python tools/build_site.py                               # from the notebooks' committed outputs
+    python tools/build_site.py --notebooks build/notebooks   # from the copies `make run` just executed
+
+The script assembles a Sphinx source tree (in build/site-work/source/) and builds it into build/site/
+with the configuration in tools/site/conf.py:
+
+- the notebooks in series order (core notebooks, each followed by its deep dive), rendered with the
+  outputs they have: nothing is executed again. Their solution cells are folded: in the copies, every
+  cell tagged ``solution`` also gets myst-nb's ``hide-input`` tag (the committed notebooks are not touched);
+- the landing page: the README's series section, with each notebook's time to run when the folder holds
+  the ``timings.json`` that tools/run_notebooks.py writes (and no such column when it does not);
+- the teaching guide (docs/teaching.md) and an API reference that autodoc generates from the docstrings.
+
+Every script, style sheet, font and MathJax file a page uses is copied into the site, so it works offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import posixpath
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: import tools.series
+
+from tools.run_notebooks import TIMINGS  # noqa: E402
+from tools.series import ROOT, series_notebooks  # noqa: E402
+
+CONF_DIR = Path(__file__).resolve().parent / "site"
+API_MODULES = [
+    "attention",
+    "masks",
+    "heads",
+    "mha",
+    "variants",
+    "tasks",
+    "task_base",
+    "model",
+    "train",
+    "viz",
+    "figures",
+    "maps",
+    "head_stats",
+    "pruning",
+    "bert",
+    "minilm",
+    "bert_heads",
+    "retrieval",
+    "bench",
+    "bench_report",
+    "checks",
+    "device",
+]
+SOLUTION_PROMPTS = {"code_prompt_show": "Show the solution", "code_prompt_hide": "Hide the solution"}
+LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def fold_solutions(source: Path, target: Path) -> None:
+    """Copy a notebook; its cells tagged ``solution`` get the ``hide-input`` tag and "Show the solution" prompts."""
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "solution" in tags and "hide-input" not in tags:
+            cell["metadata"]["tags"] = [*tags, "hide-input"]
+            cell["metadata"].setdefault("mystnb", {}).update(SOLUTION_PROMPTS)
+    target.write_text(json.dumps(nb, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+
+
+def read_timings(folder: Path) -> dict[str, float]:
+    """Seconds each notebook took to run, from the timings.json of an executed folder; {} when there is none."""
+    path = folder / TIMINGS
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def series_section(readme: str) -> str:
+    """The README from its title to the end of the "## The series" section."""
+    start = readme.index("## The series")
+    end = readme.find("\n## ", start + 1)
+    return readme if end < 0 else readme[:end].rstrip() + "\n"
+
+
+def with_timings(markdown: str, timings: dict[str, float]) -> str:
+    """Add a "time to run" column to the series table: the seconds of each notebook, "–" where none."""
+    if not timings:
+        return markdown
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines):
+        notebook = re.search(r"\]\(notebooks/([^)]+\.ipynb)\)", line)
+        if line.startswith("| # |"):
+            lines[i] = line + " Time to run |"
+        elif line.startswith("|---") and i > 0 and lines[i - 1].startswith("| # |"):
+            lines[i] = line + "------------:|"
+        elif line.startswith("|") and notebook:
+            seconds = timings.get(notebook.group(1))
+            lines[i] = line + (f" {seconds:.0f} s |" if seconds is not None else " – |")
+    return "\n".join(lines) + "\n"
+
+
+def unlink_missing(markdown: str, page: Path, source: Path) -> str:
+    """Links to files the site does not have become plain text that names the file in the repository.
+
+    ``page`` is where the markdown goes in the source tree ``source``, whose folders mirror the repository's.
+    """
+
+    def replace(match: re.Match) -> str:
+        text, target = match.groups()
+        if re.match(r"[a-z]+:|#", target) or (page.parent / target.split("#")[0]).exists():
+            return match.group(0)
+        in_repository = posixpath.normpath(f"{page.parent.relative_to(source).as_posix()}/{target}")
+        return text if "/" in text else f"{text} (`{in_repository}` in the repository)"
+
+    return LINK.sub(replace, markdown)
+
+
+def toctree(caption: str, entries: list[str]) -> str:
+    return "\n".join(["```{toctree}", ":hidden:", f":caption: {caption}", "", *entries, "```", ""])
+
+
+def index_page(source: Path, names: list[str], timings: dict[str, float]) -> None:
+    """The landing page: the README's series section, and the side navigation of the whole site."""
+    page = with_timings(series_section((ROOT / "README.md").read_text(encoding="utf-8")), timings)
+    page += "\nReference: the [teaching guide](docs/teaching.md) and the [`mha_tutorial` API](api.rst).\n\n"
+    page += toctree("The series", [f"notebooks/{Path(name).stem}" for name in names])
+    page += "\n" + toctree("Reference", ["docs/teaching", "api"])
+    (source / "index.md").write_text(unlink_missing(page, source / "index.md", source), encoding="utf-8")
+
+
+def api_page(source: Path) -> None:
+    """One section per module of API_MODULES, each generated by autodoc from the module's docstrings."""
+    title = "The ``mha_tutorial`` API"
+    parts = [title, "=" * len(title), "", "Generated from the docstrings of the package the notebooks build.", ""]
+    for name in API_MODULES:
+        heading = f"``mha_tutorial.{name}``"
+        parts += [heading, "-" * len(heading), "", f".. automodule:: mha_tutorial.{name}", ""]
+    (source / "api.rst").write_text("\n".join(parts), encoding="utf-8")  # reST: the docstrings are written in it
+
+
+def assemble(notebook_dir: Path, source: Path) -> list[str]:
+    """Write the Sphinx source tree into ``source`` (emptied first); return the notebooks' names in order."""
+    shutil.rmtree(source, ignore_errors=True)
+    (source / "notebooks").mkdir(parents=True)
+    (source / "docs").mkdir()
+    notebooks = series_notebooks(notebook_dir)
+    if not notebooks:
+        raise SystemExit(f"no notebooks of the series in {notebook_dir}")
+    for path in notebooks:
+        fold_solutions(path, source / "notebooks" / path.name)
+    guide = source / "docs" / "teaching.md"
+    guide.write_text(unlink_missing((ROOT / "docs" / "teaching.md").read_text(encoding="utf-8"), guide, source))
+    api_page(source)
+    names = [path.name for path in notebooks]
+    index_page(source, names, read_timings(notebook_dir))
+    return names
+
+
+def build(notebook_dir: Path, out: Path, work: Path) -> float:
+    """Assemble the source tree in ``work``, build the site there and move it to ``out``; return the seconds.
+
+    Sphinx works in ``work`` (source/, doctrees/, html/, and myst-nb's jupyter_execute/ beside html/), so
+    that nothing but the finished site lands in ``out``'s folder.
+    """
+    start = time.perf_counter()
+    source, html = work / "source", work / "html"
+    assemble(notebook_dir, source)
+    shutil.rmtree(html, ignore_errors=True)
+    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E", "-c", str(CONF_DIR)]
+    command += ["-d", str(work / "doctrees"), str(source), str(html)]
+    subprocess.run(command, check=True, cwd=ROOT)
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(html, out)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--notebooks", type=Path, default=ROOT / "notebooks", help="default: the committed ones")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
+    parser.add_argument("--work", type=Path, default=ROOT / "build" / "site-work", help="Sphinx's source tree")
+    args = parser.parse_args(argv)
+    seconds = build(args.notebooks, args.out, args.work)
+    print(f"site built in {seconds:.1f} s: {args.out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The notebooks of the series, in reading order: shared by the site, the student edition and the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def series_notebooks(folder: Path = ROOT / "notebooks") -> list[Path]:
+    """The core notebooks (NN_name) and the optional deep dives (NNa_name) in ``folder``, in series order.
+
+    Sorting by file name puts each deep dive right after its core notebook (04 before 04a before 05).
+    """
+    found = [*folder.glob("[0-9][0-9]_*.ipynb"), *folder.glob("[0-9][0-9][a-z]_*.ipynb")]
+    return sorted(found, key=lambda p: p.name)
