@@ -204,13 +204,16 @@ def load_tokenizer(max_length: int = MAX_LENGTH, directory=None):
 
 @dataclass
 class TokenBatch:
-    """A tokenized batch: input_ids, token_type_ids, attention_mask (B, T) long tensors, and ``tokens``,
-    the B lists of T token strings (with [CLS], [SEP], [PAD]) to label plots with."""
+    """A tokenized batch: input_ids, token_type_ids, attention_mask (B, T) long tensors, ``tokens``,
+    the B lists of T token strings (with [CLS], [SEP], [PAD]) to label plots with, and ``word_ids``, the
+    B lists of T word numbers (0, 1, ... within each sentence; None for [CLS], [SEP] and [PAD]): the
+    sub-words of one word ("token", "##ization") share a number. None when the batch was built by hand."""
 
     input_ids: torch.Tensor
     token_type_ids: torch.Tensor
     attention_mask: torch.Tensor
     tokens: list[list[str]]
+    word_ids: list[list[int | None]] | None = None
 
     @property
     def valid_lens(self) -> torch.Tensor:
@@ -227,7 +230,8 @@ def tokenize(sentences, max_length: int = MAX_LENGTH, device=None, directory=Non
     def field(name: str) -> torch.Tensor:
         return torch.tensor([getattr(e, name) for e in encodings], dtype=torch.long, device=device)  # (B, T)
 
-    return TokenBatch(field("ids"), field("type_ids"), field("attention_mask"), [e.tokens for e in encodings])
+    tokens, word_ids = [e.tokens for e in encodings], [e.word_ids for e in encodings]
+    return TokenBatch(field("ids"), field("type_ids"), field("attention_mask"), tokens, word_ids)
 
 
 @functools.lru_cache(maxsize=1)
