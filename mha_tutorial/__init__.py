@@ -10,6 +10,7 @@ against these; ``checks`` holds the automatic checks of the exercises.
 
 from .attention import DotProductAttention, masked_softmax, scaled_dot_product_attention
 from .bert import BertConfig, BertEncoder, mean_pool
+from .bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
 from .device import get_device
 from .heads import transpose_output, transpose_qkv
 from .masks import (
@@ -23,6 +24,16 @@ from .masks import (
 from .mha import AddNorm, MultiHeadAttention
 from .minilm import embed, load_minilm, tokenize
 from .model import ModelConfig, build_model
+from .retrieval import (
+    ablation_drops,
+    curve_auc,
+    load_paraphrases,
+    load_study,
+    physical_pruning_savings,
+    prunable_heads,
+    random_orders,
+    retrieval_accuracy,
+)
 from .tasks import get_task, load_split
 from .train import evaluate, load_pretrained, train
 from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
@@ -31,10 +42,22 @@ __all__ = [
     "AddNorm",
     "BertConfig",
     "BertEncoder",
+    "category_profile",
+    "clark_categories",
+    "head_token_stats",
+    "plot_category_profile",
     "embed",
     "load_minilm",
     "mean_pool",
     "tokenize",
+    "ablation_drops",
+    "curve_auc",
+    "load_paraphrases",
+    "load_study",
+    "physical_pruning_savings",
+    "prunable_heads",
+    "random_orders",
+    "retrieval_accuracy",
     "ModelConfig",
     "build_model",
     "evaluate",
