@@ -157,7 +157,7 @@ def retrieval_loss(model, pairs, head_mask=None, scale: float = SCALE) -> torch.
 
 
 def gradient_importance(model, pairs, chunk: int = 32, scale: float = SCALE, normalize: bool = True) -> torch.Tensor:
-    """Michel et al.'s I[l, h] = mean over chunks of |dL(chunk) / d head_mask[l, h]| at head_mask = 1, (L, H).
+    """Michel et al.'s I[l, h] = mean over chunks of ``|dL(chunk) / d head_mask[l, h]|`` at head_mask = 1, (L, H).
 
     The pairs are cut in id order into len(pairs) // chunk nearly equal chunks (at least ``chunk`` pairs each,
     or one chunk of all), so that near-miss clusters stay together; the absolute value is taken per chunk.
