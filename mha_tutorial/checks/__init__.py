@@ -20,6 +20,7 @@ from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and
 from .nb06 import check_induction_score, check_normalized_entropy, check_previous_token_score
 from .nb07 import check_head_importance, check_params_after_pruning, check_pruning_order
 from .nb08 import check_fixed_attention
+from .nb09 import check_accuracy_at_1, check_masked_mean_pool, check_sep_share
 
 __all__ = [
     "CheckFailed",
@@ -46,4 +47,7 @@ __all__ = [
     "check_pruning_order",
     "check_params_after_pruning",
     "check_fixed_attention",
+    "check_masked_mean_pool",
+    "check_sep_share",
+    "check_accuracy_at_1",
 ]

