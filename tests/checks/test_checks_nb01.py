@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from conftest import fails_with
 from torch.nn import functional as F
 
 from mha_tutorial import checks
+
+from testkit import fails_with
 
 # --------------------------------------------------------------------------- notebook 01, exercise 1: softmax
 

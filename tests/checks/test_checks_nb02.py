@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import fails_with
 
 from mha_tutorial import checks
+
+from testkit import fails_with
 
 # --------------------------------------------------------------------------- notebook 02, exercise 1: causal mask
 

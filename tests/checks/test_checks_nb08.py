@@ -6,12 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import fails_with as check_fails_with
 from torch.nn import functional as F
 
 from mha_tutorial import masked_softmax
 from mha_tutorial.checks import check_fixed_attention
 from mha_tutorial.checks.nb08 import _CASES, _inputs, reference_attention
+
+from testkit import fails_with as check_fails_with
 
 
 def make_attention(

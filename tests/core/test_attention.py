@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from conftest import TOL32, TOL64, loop_keep_from_valid_lens, loop_masked_softmax, no_arithmetic
 from torch.nn import functional as F
 
 from mha_tutorial import DotProductAttention, causal_mask, masked_softmax, padding_mask, scaled_dot_product_attention
+
+from testkit import TOL32, TOL64, loop_keep_from_valid_lens, loop_masked_softmax, no_arithmetic
 
 # --------------------------------------------------------------------------- masked_softmax
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL32, loop_keep_from_valid_lens
 from torch import nn
 from torch.nn import functional as F
 
@@ -18,6 +17,8 @@ from mha_tutorial import (
     padding_mask,
 )
 from mha_tutorial.masks import as_valid_lens, check_mask, check_valid_lens
+
+from testkit import TOL32, loop_keep_from_valid_lens
 
 # --------------------------------------------------------------------------- causal_mask
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL32, TOL64, explode_projections, functional_mha, no_arithmetic, torch_mha_from
 from torch.nn import functional as F
 
 from mha_tutorial import AddNorm, MultiHeadAttention, causal_mask, keep_to_drop, padding_mask
+
+from testkit import TOL32, TOL64, explode_projections, functional_mha, no_arithmetic, torch_mha_from
 
 
 def make_mha(num_hiddens=12, num_heads=3, bias=False, dtype=torch.float64, **sizes) -> MultiHeadAttention:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL64, loop_keep_from_valid_lens, loop_masked_softmax, torch_mha_from
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F
@@ -29,6 +28,8 @@ from mha_tutorial import (
     transpose_output,
     transpose_qkv,
 )
+
+from testkit import TOL64, loop_keep_from_valid_lens, loop_masked_softmax, torch_mha_from
 
 DT = torch.float64
 seeds = st.integers(0, 2**31 - 1)

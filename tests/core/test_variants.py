@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL32, explode_projections, no_arithmetic
 
 from mha_tutorial import (
     EinsumMultiHeadAttention,
@@ -13,6 +12,8 @@ from mha_tutorial import (
     SeqFirstMultiHeadAttention,
     causal_mask,
 )
+
+from testkit import TOL32, explode_projections, no_arithmetic
 
 BATCH_FIRST = [HeadLoopMultiHeadAttention, EinsumMultiHeadAttention]
 

@@ -13,7 +13,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
-from conftest import no_arithmetic
 
 from mha_tutorial import bert_heads, minilm
 from mha_tutorial.bert_heads import (
@@ -27,6 +26,8 @@ from mha_tutorial.bert_heads import (
     plot_category_profile,
 )
 from mha_tutorial.pruning import pruned_copy
+
+from testkit import no_arithmetic
 
 SENTENCES = [  # split words (token ##ization, un ##bel ##ie ##va ##bly), punctuation, different lengths
     "Tokenization isn't hard, honestly!",

@@ -15,12 +15,13 @@ import socket
 
 import pytest
 import torch
-from conftest import no_arithmetic
 from torch.nn import functional as F
 
 from mha_tutorial import minilm
 from mha_tutorial.bert import BertConfig, BertEncoder, mean_pool
 from mha_tutorial.pruning import pruned_copy
+
+from testkit import no_arithmetic
 
 ATOL = 1e-5
 SENTENCES = [

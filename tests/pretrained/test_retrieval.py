@@ -13,10 +13,11 @@ from copy import deepcopy
 
 import pytest
 import torch
-from conftest import no_arithmetic
 from torch.nn import functional as F
 
 from mha_tutorial import minilm, pruning, retrieval
+
+from testkit import no_arithmetic
 
 L, H = 6, 12
 EVAL = retrieval.load_paraphrases("eval")
