@@ -8,6 +8,10 @@ STAMP  := $(VENV)/.installed
 # The core notebooks (NN_name) and the optional deep dives linked from them (NNa_name), in series order.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9][a-z]_*.ipynb))
 NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sanitize.cfg
+# Perturbed numerics for `make nbval`, each a code path `make outputs` does not take (it runs as the machine chooses):
+# ATen's scalar kernels instead of its AVX2/AVX-512 ones, MKL's conditional-numerical-reproducibility branch for
+# compatible CPUs, and one thread. Each moves float32 rounding (sums of products land in other orders).
+NUMERICS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .PHONY: install lab run site student nbgrader test lint unit nbval outputs clean
 
@@ -63,13 +67,17 @@ unit: install
 
 ## Strict nbval as a learner without the repository runs the notebooks: executed by the kernel of a fresh venv that
 ## holds the package's wheel and only its declared dependencies (tools/wheel_env.py), in a folder outside the checkout.
+## It runs on other numeric code paths than `make outputs` (NUMERICS), so that outputs written on one CPU are checked
+## as another CPU computes them: every committed output must survive float32 rounding that moves.
 nbval: install
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(PY) tools/wheel_env.py "$$d/env" >/dev/null && \
 	mkdir "$$d/notebooks" && cp $(NOTEBOOKS) notebooks/nbval_sanitize.cfg "$$d/notebooks/" && cd "$$d/notebooks" && \
-	JUPYTER_PATH="$$d/env/share/jupyter" $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) *.ipynb
+	JUPYTER_PATH="$$d/env/share/jupyter" $(NUMERICS) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) *.ipynb
 
-## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does),
-## then drop the per-cell timestamps that would make every re-run a diff.
+## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does, with the
+## machine's own kernels and threads: `make nbval` then checks them on other code paths),
+## then drop the per-cell timestamps that would make every re-run a diff. `make outputs NOTEBOOKS=notebooks/07_*.ipynb`
+## refreshes one.
 outputs: install
 	CUDA_VISIBLE_DEVICES= $(VENV)/bin/jupyter execute --inplace $(NOTEBOOKS)
 	$(PY) tools/hygiene.py --strip $(NOTEBOOKS)

@@ -153,7 +153,8 @@ def check_masked_mean_pool(fn) -> None:
         embedded = _model().encode(batch.input_ids, batch.attention_mask, batch.token_type_ids, normalize=False)
     gap = (_pool_reference(hidden, batch.attention_mask) - embedded.double()).abs().max().item()
     passed("check_masked_mean_pool", len(cases))
-    print(f"  on MiniLM it gives model.encode(..., normalize=False) to within {gap:.0e}")
+    within = "1e-5" if gap < 1e-5 else f"{gap:.0e}"  # float32 rounding: the digits below 1e-5 vary with the CPU
+    print(f"  on MiniLM it gives model.encode(..., normalize=False) to within {within}")
 
 
 # =====================================================================================================
