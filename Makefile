@@ -13,7 +13,7 @@ NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sani
 # compatible CPUs, and one thread. Each moves float32 rounding (sums of products land in other orders).
 NUMERICS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install lab run site student nbgrader test lint unit nbval outputs clean
+.PHONY: install lab run site student nbgrader test lint unit nbval nbval-first nbval-last outputs clean
 
 install: $(STAMP)
 
@@ -52,10 +52,18 @@ student: install
 nbgrader: install
 	$(PY) tools/nbgrader_course.py --out build/nbgrader $(NOTEBOOKS)
 
-## Lint, then the unit tests (student edition and site included) and strict nbval over every notebook, side by
-## side with one PyTorch thread each: the models are tiny, so two single-threaded jobs use two cores best.
+## Lint, then the unit tests (student edition and site included) and strict nbval over every notebook in two halves,
+## side by side with one PyTorch thread each: the models are tiny, so single-threaded jobs use two cores best.
 test: lint
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j2 --output-sync=target unit nbval
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j3 --output-sync=target unit nbval-first nbval-last
+
+# The two halves of `make nbval` for `make test`, of about equal running time: 01-07, then 07a on (07a and 09 each
+# take about as long as 07, the slowest of the first half).
+LATE := $(filter notebooks/07a% notebooks/08% notebooks/09% notebooks/1%,$(NOTEBOOKS))
+nbval-first: install
+	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(filter-out $(LATE),$(NOTEBOOKS))"
+nbval-last: install
+	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(LATE)"
 
 lint: install
 	$(VENV)/bin/ruff check mha_tutorial tests notebooks tools

@@ -2,68 +2,30 @@
 
 Each public function here raises a ``TypeError`` or ``ValueError`` that names the shapes or values it got,
 and is called *before* any arithmetic (tests/core check that nothing is computed on bad input).
+The checks of masks and lengths live in ``_validate_masks`` (re-exported here).
 """
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-
-def _shape(x) -> tuple:
-    return tuple(x.shape)
-
-
-def as_valid_lens(valid_lens) -> torch.Tensor:
-    """Accept a list or tensor of lengths and return an integer tensor.
-
-    Raises ``TypeError`` for floating or bool tensors: a length is a count.
-    """
-    if not isinstance(valid_lens, torch.Tensor):
-        valid_lens = torch.as_tensor(valid_lens)
-    if valid_lens.dtype == torch.bool or valid_lens.is_floating_point() or valid_lens.is_complex():
-        raise TypeError(f"valid_lens must be an integer tensor (lengths are counts), got dtype {valid_lens.dtype}")
-    return valid_lens
-
-
-def _check_range(valid_lens: torch.Tensor, num_keys: int) -> None:
-    if valid_lens.numel() and (valid_lens.min() < 0 or valid_lens.max() > num_keys):
-        raise ValueError(
-            f"valid_lens values must lie in [0, {num_keys}] (there are {num_keys} keys), "
-            f"got min {int(valid_lens.min())} and max {int(valid_lens.max())}"
-        )
-
-
-def check_valid_lens(valid_lens: torch.Tensor, batch_size: int, num_queries: int, num_keys: int) -> None:
-    """Raise ``ValueError`` unless ``valid_lens`` is (B,) or (B, Q) with values in [0, K]."""
-    shape = _shape(valid_lens)
-    if shape not in ((batch_size,), (batch_size, num_queries)):
-        raise ValueError(
-            f"valid_lens has shape {shape}, expected ({batch_size},) or ({batch_size}, {num_queries}) "
-            f"for a batch of {batch_size} with {num_queries} queries"
-        )
-    _check_range(valid_lens, num_keys)
-
-
-def check_mask(mask: torch.Tensor, shape: tuple) -> None:
-    """Raise unless ``mask`` is a bool tensor that broadcasts to ``shape``."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        what = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(
-            f"mask must be a bool tensor with True = may attend, got {what}; "
-            "convert additive float masks with additive_to_bool()"
-        )
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != torch.Size(shape):
-        raise ValueError(f"mask of shape {_shape(mask)} does not broadcast to the scores' shape {tuple(shape)}")
+from ._validate_masks import (  # noqa: F401 (the mask checks, re-exported: validate.check_mask, ...)
+    _check_range,
+    _shape,
+    _type_name,
+    as_valid_lens,
+    check_mask,
+    check_valid_lens,
+    masks_for,
+)
 
 
 def _heads_input(X, num_heads: int, name: str) -> None:
     if not isinstance(X, torch.Tensor):
         raise TypeError(f"{name} expects a tensor, got {type(X).__name__}")
-    if not isinstance(num_heads, int) or num_heads < 1:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
     if X.dim() != 3:
         raise ValueError(f"{name} expects a 3-D tensor, got shape {tuple(X.shape)}")
@@ -89,29 +51,21 @@ def merge_heads(X, num_heads: int) -> None:
 
 def softmax_args(scores, valid_lens, mask):
     """``masked_softmax``: a floating tensor (..., Q, K) and its masks; returns ``valid_lens`` as a tensor."""
-    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(
+            f"scores must be a floating tensor (..., Q, K), got {_type_name(scores)}; "
+            "convert it with torch.as_tensor(...)"
+        )
+    if not scores.is_floating_point():
         raise TypeError(f"scores must be a floating tensor, got {getattr(scores, 'dtype', type(scores))}")
     if scores.dim() < 2:
         raise ValueError(f"scores must have shape (..., Q, K), got {tuple(scores.shape)}")
     return masks_for(scores.shape, scores.device, valid_lens, mask)
 
 
-def masks_for(shape: tuple, device, valid_lens=None, mask=None):
-    """``valid_lens`` and ``mask`` against scores of ``shape``; returns ``valid_lens`` as a tensor on ``device``."""
-    shape = tuple(shape)
-    if valid_lens is not None:
-        if len(shape) < 3:
-            raise ValueError(
-                f"valid_lens needs scores with a batch axis, (B, Q, K) or (B, ..., Q, K), got shape {shape}"
-            )
-        valid_lens = as_valid_lens(valid_lens).to(device)
-        check_valid_lens(valid_lens, shape[0], shape[-2], shape[-1])
-    if mask is not None:
-        check_mask(mask, shape)
-    return valid_lens
-
-
 def dropout(p, name: str = "dropout") -> None:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1), got {p!r:.40} ({_type_name(p)})")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must lie in [0, 1), got {p}")
 
@@ -148,6 +102,11 @@ def qkv(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None
             f"queries and keys must have the same feature size to take dot products, got "
             f"{queries.shape[-1]} (shape {tuple(queries.shape)}) and {keys.shape[-1]} (shape {tuple(keys.shape)})"
         )
+    if queries.shape[-1] == 0:
+        raise ValueError(
+            f"queries and keys have feature size d = 0 (shapes {tuple(queries.shape)} and {tuple(keys.shape)}): "
+            "the scores are scaled by 1/sqrt(d), which needs d >= 1"
+        )
 
 
 def attention(queries, keys, values, valid_lens, mask, dropout_p):
@@ -178,6 +137,27 @@ def mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, val
             raise ValueError(f"{name} must be a positive int or None (= num_hiddens), got {size!r}")
 
 
+def _seq_first_shapes(module, query, key, value) -> None:
+    """The [seq, batch, features] tensors against each other and the projections, named as the caller passed them."""
+    for name, x, layer in (("queries", query, module.W_q), ("keys", key, module.W_k), ("values", value, module.W_v)):
+        if x.shape[-1] != layer.in_features:
+            raise ValueError(
+                f"{name} have {x.shape[-1]} features (shape [seq, batch, features] = {list(x.shape)}) but the "
+                f"projection expects {layer.in_features}"
+            )
+    shapes = f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}"
+    if not (query.shape[1] == key.shape[1] == value.shape[1]):
+        raise ValueError(
+            f"query, key and value must have the same batch size (axis 1 of [seq, batch, features]), "
+            f"got shapes {shapes}"
+        )
+    if key.shape[0] != value.shape[0]:
+        raise ValueError(
+            f"keys and values must have the same length (axis 0 of [seq, batch, features]), got shapes "
+            f"{list(key.shape)} and {list(value.shape)}"
+        )
+
+
 def seq_first_inputs(module, query, key, value, mask, need_weights) -> None:
     """``SeqFirstMultiHeadAttention.forward``: [seq, batch, features] tensors and a bool [Q, K, B] mask."""
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -185,7 +165,8 @@ def seq_first_inputs(module, query, key, value, mask, need_weights) -> None:
             raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
         if x.dim() != 3:
             raise ValueError(f"{name} must have shape [seq, batch, features], got {list(x.shape)}")
-    # The batch-first checks on batch-first views (no copies).
+    _seq_first_shapes(module, query, key, value)
+    # The remaining batch-first checks (dtypes) on batch-first views (no copies).
     mha_inputs(module, query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), None, None, None, False)
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
@@ -300,3 +281,30 @@ def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_ca
                 f"head_mask must have shape ({module.num_heads},) (one gate per head), got {tuple(head_mask.shape)}"
             )
     return valid_lens
+
+
+def add_norm_config(norm_shape, dropout_p) -> None:
+    """``AddNorm(norm_shape, dropout)``: a positive size or a list of them, and a dropout rate in [0, 1)."""
+    shape = [norm_shape] if isinstance(norm_shape, int) else norm_shape
+    ok = isinstance(shape, list | tuple | torch.Size) and len(shape) > 0
+    if not ok or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape):
+        raise TypeError(
+            f"norm_shape must be the size of the last axis (an int) or of the last axes (a tuple of ints), "
+            f"got {norm_shape!r:.40} ({_type_name(norm_shape)})"
+        )
+    dropout(dropout_p)
+
+
+def add_norm_inputs(X, Y, normalized_shape: tuple) -> None:
+    """``AddNorm.forward``: floating tensors X and Y of one shape, ending in the normalised shape."""
+    for name, x in (("X", X), ("Y", Y)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            what = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else _type_name(x)
+            raise TypeError(f"AddNorm needs floating tensors X and Y, got {name} as {what}")
+    if X.shape != Y.shape:
+        raise ValueError(f"AddNorm needs X and Y of the same shape, got {tuple(X.shape)} and {tuple(Y.shape)}")
+    n = len(normalized_shape)
+    if X.dim() < n or tuple(X.shape[X.dim() - n :]) != tuple(normalized_shape):
+        raise ValueError(
+            f"AddNorm normalises the last axes of shape {tuple(normalized_shape)}, got X and Y of shape {tuple(X.shape)}"
+        )

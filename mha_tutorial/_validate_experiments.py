@@ -1,8 +1,8 @@
-"""Every check of the experiments' inputs, in one place: models, examples, batches, plots, statistics, checkpoints.
+"""Every check of the experiments' inputs, in one place: models, examples, batches, plots and statistics.
 
 The companion of ``_validate`` (which checks the attention code's inputs): each function raises a ``TypeError``
 or ``ValueError`` that names the value it got, and is called by ``maps``, ``head_stats``, ``viz``, ``tasks`` and
-``train`` before they compute anything.
+``train`` before they compute anything. Checkpoints are checked in ``_validate_training``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def model_for_task(model, task) -> None:
 
 
 def example_for(example, task, where: str = "example") -> tuple:
-    """One row of ``task`` (as ``load_split`` gives them): a tuple of strings, one per column; returned as a tuple."""
+    """One row of ``task`` (as ``load_split`` gives them): a tuple of non-empty strings, one per column; returned
+    as a tuple."""
     if isinstance(example, str) or not isinstance(example, tuple | list):
         raise TypeError(
             f"{where} must be a tuple of strings {task.columns} (a row of load_split({task.name!r})), "
@@ -57,6 +58,12 @@ def example_for(example, task, where: str = "example") -> tuple:
         raise ValueError(
             f"{where} must have {len(task.columns)} strings {task.columns} for task {task.name!r}, "
             f"got {len(example)}: {example!r:.80}"
+        )
+    empty = [column for column, text in zip(task.columns, example, strict=True) if not text]
+    if empty:
+        raise ValueError(
+            f"{where} has an empty {' and '.join(empty)}: every column of a {task.name!r} example needs text, "
+            f"got {example!r:.80}"
         )
     return tuple(example)
 
@@ -121,6 +128,8 @@ def token(value) -> None:
 # ---- plot_head_grid --------------------------------------------------------------------------------
 def grid_weights(layers: list) -> None:
     """One (heads, queries, keys) tensor per layer: floating, with queries and keys, and some head to draw."""
+    if not layers:
+        raise ValueError("weights have no layers: an (L, H, Q, K) tensor needs L >= 1, got L = 0")
     for l, w in enumerate(layers):
         if not w.is_floating_point():
             raise TypeError(f"layer {l}: weights must be a floating tensor (attention weights), got dtype {w.dtype}")
@@ -139,6 +148,16 @@ def grid_layer_names(layer_names) -> None:
     ok = isinstance(layer_names, list | tuple) and all(isinstance(n, str) for n in layer_names)
     if layer_names is not None and not ok:
         raise TypeError(f"layer_names must be a list of strings, one per layer, got {layer_names!r:.80}")
+
+
+def grid_axis_labels(axis: list) -> None:
+    """``axis_labels`` once spread over the layers: one (y label, x label) pair of strings per layer."""
+    bad = [a for a in axis if not (isinstance(a, tuple | list) and len(a) == 2 and all(isinstance(s, str) for s in a))]
+    if bad:
+        raise ValueError(
+            f"axis_labels must be a (y label, x label) tuple of strings, or a list with one such pair per layer; "
+            f"got {bad[0]!r:.60} for a layer"
+        )
 
 
 def grid_head_titles(head_titles, heads: list) -> None:
@@ -245,8 +264,12 @@ def stats_labels(stats: dict, layer_names, roles, columns) -> None:
     L, H = stats["entropy"].shape
     if isinstance(layer_names, str) or not isinstance(layer_names, list | tuple):
         raise TypeError(f"layer_names must be a list of {L} strings, one per layer, got {layer_names!r:.80}")
+    if len(layer_names) != L:
+        raise ValueError(f"{len(layer_names)} layer names for {L} layers")
     if roles is not None and not (
-        isinstance(roles, list | tuple) and len(roles) == L and all(len(row) == H for row in roles)
+        isinstance(roles, list | tuple)
+        and len(roles) == L
+        and all(isinstance(row, list | tuple) and len(row) == H for row in roles)
     ):
         raise ValueError(f"roles must be a list of {L} lists of {H} names (from role_labels), got {roles!r:.80}")
     if columns is None:
@@ -260,80 +283,39 @@ def stats_labels(stats: dict, layer_names, roles, columns) -> None:
         raise ValueError(f"unknown statistics {unknown}; available: {sorted(stats)}")
 
 
-# ---- checkpoints ------------------------------------------------------------------------------------
-def checkpoint_path(path) -> None:
-    """A path to a checkpoint file: a str or a ``pathlib.Path``."""
-    import os
-
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"path must be a str or pathlib.Path to a .pt file, got {type(path).__name__} {path!r:.40}")
-
-
-def checkpoint_config(config, path) -> None:
-    """Field ``config``: a dict of ``ModelConfig`` fields (no unknown ones, the required ones present), typed."""
-    import dataclasses
-
-    from .model import ModelConfig  # here, not at the top: the model imports this module
-
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: field 'config' must be a dict of ModelConfig fields, got {type(config).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
-    missing = [n for n, f in fields.items() if n not in config and f.default is dataclasses.MISSING]
-    unknown = sorted(str(k) for k in config if k not in fields)
-    if missing:
-        raise ValueError(f"{path}: field 'config' lacks the ModelConfig fields {missing}")
-    if unknown:
-        raise ValueError(f"{path}: field 'config' has fields {unknown} that ModelConfig does not know")
-    types = {"int": int, "str": str, "bool": bool, "float": int | float}
-    for name, value in config.items():
-        want = types.get(str(fields[name].type), object)
-        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
-            raise ValueError(f"{path}: config[{name!r}] must be of type {fields[name].type}, got {value!r:.40}")
+def role_inputs(stats, thresholds: dict) -> None:
+    """``role_labels``: the dict from ``head_stats`` (checked in full by ``head_stats_dict``) and numeric thresholds."""
+    if not isinstance(stats, dict):
+        raise TypeError(f"stats must be the dict returned by head_stats, got {type(stats).__name__}")
+    if "entropy" not in stats or "tv_to_nearest" not in stats:
+        raise ValueError("role_labels needs the dict returned by head_stats")
+    for name, value in thresholds.items():
+        if not _is_real(value):
+            raise TypeError(f"{name} must be a number, got {value!r:.40} ({type(value).__name__})")
 
 
-def checkpoint_state(state, path) -> None:
-    """Field ``state_dict``: a non-empty dict {parameter name: tensor}, floating ones finite."""
-    if not isinstance(state, dict) or not state:
+def table_decimals(decimals) -> None:
+    """``stats_table(decimals=...)``: an int (the number of decimals shown)."""
+    if isinstance(decimals, bool) or not isinstance(decimals, int):
+        raise TypeError(f"decimals must be an int, got {decimals!r:.40} ({type(decimals).__name__})")
+
+
+def stats_plot(roles, columns, title, thresholds) -> None:
+    """``plot_head_stats``: roles and columns are needed to draw, a string title, thresholds {column: number}."""
+    if roles is None or columns is None:
         raise ValueError(
-            f"{path}: field 'state_dict' must be a non-empty dict {{parameter name: tensor}}, got "
-            f"{type(state).__name__}{' (empty)' if isinstance(state, dict) else ''}"
+            "plot_head_stats needs roles (from role_labels) and columns (statistic names), got "
+            f"roles={roles!r:.40} and columns={columns!r:.40}"
         )
-    for name, value in state.items():
-        if not isinstance(name, str):
-            raise ValueError(f"{path}: field 'state_dict' has a key {name!r} ({type(name).__name__}); keys are names")
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{path}: state_dict[{name!r}] must be a tensor, got {type(value).__name__}")
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{path}: state_dict[{name!r}] contains NaN or inf")
-
-
-def checkpoint_fields(checkpoint: dict, path) -> None:
-    """A checkpoint's fields once its keys and format are known: task, config, state_dict, metrics (and train)."""
-    from .tasks import TASKS  # here, not at the top: tasks imports the model, which imports this module
-
-    task = checkpoint["task"]
-    if not isinstance(task, str) or task not in TASKS:
-        raise ValueError(f"{path}: field 'task' must name a task of this package ({', '.join(TASKS)}), got {task!r}")
-    checkpoint_config(checkpoint["config"], path)
-    checkpoint_state(checkpoint["state_dict"], path)
-    metrics = checkpoint["metrics"]
-    if not isinstance(metrics, dict):
-        raise ValueError(f"{path}: field 'metrics' must be a dict {{name: number}}, got {type(metrics).__name__}")
-    bad = {k: v for k, v in metrics.items() if not (isinstance(k, str) and _is_real(v))}
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    if thresholds is None:
+        return
+    if not isinstance(thresholds, dict):
+        raise TypeError(f"thresholds must be a dict {{column: value}} or None, got {type(thresholds).__name__}")
+    bad = {k: v for k, v in thresholds.items() if not _is_real(v)}
     if bad:
-        raise ValueError(f"{path}: field 'metrics' must map names to numbers, got {bad!r:.80}")
-    if "train" in checkpoint and not isinstance(checkpoint["train"], dict):
-        raise ValueError(f"{path}: field 'train' must be a dict of training settings, got {checkpoint['train']!r:.80}")
-
-
-def train_history(history) -> None:
-    """``save_checkpoint``'s ``history``: the dict that ``train`` returns."""
-    required = ("settings", "seed", "device", "accuracy", "eval_loss", "train_time_s", "loss")
-    if not isinstance(history, dict) or any(k not in history for k in required):
-        got = sorted(history) if isinstance(history, dict) else type(history).__name__
-        raise ValueError(f"history must be the dict returned by train(), with keys {required}; got {got}")
-    if not history["loss"]:
-        raise ValueError("history['loss'] is empty: a checkpoint records the final training loss")
+        raise TypeError(f"thresholds must map columns to numbers, got {bad!r:.80}")
 
 
 def positive_count(value, name: str) -> None:

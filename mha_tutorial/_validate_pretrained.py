@@ -168,6 +168,28 @@ def integer(value, name: str) -> None:
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
 
 
+def model_sizes(sizes) -> None:
+    """``random_orders(sizes=...)``: a (layers, heads) pair of positive ints."""
+    if not (isinstance(sizes, tuple | list) and len(sizes) == 2):
+        raise TypeError(f"sizes must be a (layers, heads) pair of ints, got {sizes!r:.40} ({type(sizes).__name__})")
+    for n in sizes:
+        positive_int(n, "sizes: layers and heads")
+
+
+def json_path(path) -> None:
+    """``load_study(path)``: None (the shipped study) or a path, a str or a ``pathlib.Path``."""
+    import os
+
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be None, a str or a pathlib.Path to a .json file, got {type(path).__name__}")
+
+
+def token(value) -> None:
+    """``is_punctuation``: one token, a string."""
+    if not isinstance(value, str):
+        raise TypeError(f"a token is a string, got {type(value).__name__} {value!r:.40}")
+
+
 def head_pairs(heads) -> None:
     """A list of (layer, head) pairs (their ranges are checked against the model by ``pruning.order_mask``)."""
     if isinstance(heads, str) or not isinstance(heads, list | tuple):

@@ -26,7 +26,7 @@ def _softmax_over_keys(scores: torch.Tensor, keep: torch.Tensor | None, inplace:
     ``inplace`` lets the masking overwrite ``scores`` (for a scores tensor nobody else holds):
     one pass less over the largest tensor of attention.
     """
-    if keep is None:
+    if keep is None or scores.shape[-1] == 0:  # no mask, or no key at all: (..., Q, 0) weights, nothing to hide
         return F.softmax(scores, dim=-1)
     # The most negative finite number, not -inf: exp(min - max) underflows to 0
     # for masked keys, while a row that is *all* masked stays finite (uniform)
@@ -53,6 +53,9 @@ def masked_softmax(scores: torch.Tensor, valid_lens=None, mask=None) -> torch.Te
     Masked keys get weight exactly 0. A row with no visible key is all zeros
     (not NaN, not uniform) in float32, float16 and bfloat16, and its gradient
     is finite.
+
+    Empty axes give empty results: with K = 0 every row has no visible key, so the
+    weights are an empty (..., Q, 0) tensor; Q = 0 or B = 0 give (..., 0, K) or (0, ..., K).
     """
     valid_lens = validate.softmax_args(scores, valid_lens, mask)
     keep = combine_masks(valid_lens, mask, scores.shape[-1], scores.dim(), scores.device)  # ~(B, ..., Q, K)
@@ -75,6 +78,10 @@ def scaled_dot_product_attention(
     ``valid_lens`` indexes the batch axis B; ``mask`` broadcasts to the weights.
     Dropout (when ``training`` and ``dropout_p > 0``) is applied to the weights
     used for the output; the returned weights are the ones before dropout.
+
+    Empty axes: with no keys (K = 0) every query is fully masked, so, as for a row with no visible
+    key, the output is zeros (B, [H,] Q, v) and the weights are empty (B, [H,] Q, 0); Q = 0 or
+    B = 0 give empty outputs. A feature size d = 0 raises ``ValueError`` (the scores scale by 1/sqrt(d)).
     """
     valid_lens = validate.attention(queries, keys, values, valid_lens, mask, dropout_p)  # before any arithmetic
     keep = combine_masks(valid_lens, mask, keys.shape[-2], queries.dim(), queries.device)  # ~(B, [H,] Q, K)

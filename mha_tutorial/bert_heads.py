@@ -83,6 +83,7 @@ SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
 def is_punctuation(token: str) -> bool:
     """True for a token made only of punctuation, with BERT's own rule: Unicode category P*, or any ASCII
     character that is neither a letter, a digit nor a space ("$", "+", "^" ...)."""
+    validate.token(token)
     if not token or token in SPECIAL_TOKENS:
         return False
     return all(

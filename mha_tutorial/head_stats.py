@@ -316,8 +316,8 @@ def role_labels(
     85% on average). Every member of such a group is marked: any one of them could stand in for
     the others, which does not mean that all of them can go.
     """
-    if "entropy" not in stats or "tv_to_nearest" not in stats:
-        raise ValueError("role_labels needs the dict returned by head_stats")
+    thresholds = dict(pattern_threshold=pattern_threshold, focus_threshold=focus_threshold)
+    validate.role_inputs(stats, {**thresholds, "diffuse_entropy": diffuse_entropy, "redundant_tv": redundant_tv})
     L, H = validate.head_stats_dict(stats)
     patterns = [k for k in stats if k not in STAT_KEYS]
     names = {k: r for task in PATTERN_KEYS.values() for k, r in task.items()}
@@ -354,8 +354,7 @@ def stats_table(stats: dict[str, torch.Tensor], layer_names, roles=None, columns
 
     L, H = validate.head_stats_dict(stats)
     validate.stats_labels(stats, layer_names, roles, columns)
-    if len(layer_names) != L:
-        raise ValueError(f"{len(layer_names)} layer names for {L} layers")
+    validate.table_decimals(decimals)
     columns = list(columns) if columns is not None else list(stats)
     data = {c: stats[c].flatten().tolist() for c in columns}
     if roles is not None:
@@ -374,8 +373,7 @@ def plot_head_stats(stats: dict[str, torch.Tensor], layer_names, roles, columns,
 
     L, H = validate.head_stats_dict(stats)
     validate.stats_labels(stats, layer_names, roles, columns)
-    if len(layer_names) != L:
-        raise ValueError(f"{len(layer_names)} layer names for {L} layers")
+    validate.stats_plot(roles, columns, title, thresholds)
     patterns = {k for task in PATTERN_KEYS.values() for k in task}
     if thresholds is None:
         thresholds = {"entropy": 0.8, **{k: 0.5 for k in [*patterns, *GENERIC_ROLES]}}

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import _check_range, _shape, as_valid_lens, check_mask, check_valid_lens  # noqa: F401 (re-exported)
+from . import _validate_masks as validate
+from ._validate_masks import _check_range, _shape, as_valid_lens, check_mask, check_valid_lens  # noqa: F401 (re-exported)
 
 
 def padding_mask(valid_lens, num_keys: int) -> torch.Tensor:
@@ -24,6 +25,7 @@ def padding_mask(valid_lens, num_keys: int) -> torch.Tensor:
     valid_lens (B,)   -> (B, 1, K): the same row for every query
     valid_lens (B, Q) -> (B, Q, K): one row per query
     """
+    validate.key_count(num_keys)
     valid_lens = as_valid_lens(valid_lens)
     if valid_lens.dim() not in (1, 2):
         raise ValueError(f"valid_lens must have shape (B,) or (B, Q), got {_shape(valid_lens)}")
@@ -39,9 +41,11 @@ def causal_mask(num_queries: int, num_keys: int | None = None, device=None) -> t
     When there are more keys than queries (a decoder continuing a cached
     prefix), the queries are the *last* Q positions, so query i sees keys up to
     i + (K - Q). With fewer keys than queries the same rule leaves the first
-    Q - K queries with no visible key (rows of False).
+    Q - K queries with no visible key (rows of False). The sizes are ints (NumPy integers and
+    integer 0-d tensors count); a float, a string or a bool raises ``TypeError``.
     """
     num_keys = num_queries if num_keys is None else num_keys
+    validate.causal_sizes(num_queries, num_keys)
     if num_queries < 0 or num_keys < 0:
         raise ValueError(f"causal_mask needs non-negative sizes, got Q={num_queries}, K={num_keys}")
     return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
@@ -49,19 +53,19 @@ def causal_mask(num_queries: int, num_keys: int | None = None, device=None) -> t
 
 def keep_to_drop(mask: torch.Tensor) -> torch.Tensor:
     """SDPA convention (True = attend) -> ``nn.MultiheadAttention`` convention (True = ignore)."""
-    check_mask(mask, mask.shape)
+    validate.bool_mask(mask)
     return ~mask
 
 
 def drop_to_keep(mask: torch.Tensor) -> torch.Tensor:
     """``nn.MultiheadAttention`` convention (True = ignore) -> SDPA convention (True = attend)."""
-    check_mask(mask, mask.shape)
+    validate.bool_mask(mask)
     return ~mask
 
 
 def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Keep-mask -> additive float mask: 0 where True, -inf where False."""
-    check_mask(mask, mask.shape)
+    validate.bool_mask(mask)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(
             f"bool_to_additive needs a floating dtype (the mask is added to scores), got {dtype}; "
@@ -76,8 +80,7 @@ def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
 
     Large negative numbers (-1e4, -1e6, -1e9, -inf) all count as "drop".
     """
-    if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
-        raise TypeError(f"additive_to_bool expects a floating tensor, got {getattr(mask, 'dtype', type(mask))}")
+    validate.additive_mask(mask)
     return mask > -1e4
 
 

@@ -153,10 +153,10 @@ class AddNorm(nn.Module):
         super().__init__()
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps > 0:
             raise ValueError(f"eps must be a positive number, got {eps!r}")
+        validate.add_norm_config(norm_shape, dropout)
         self.dropout = nn.Dropout(dropout)
         self.ln = nn.LayerNorm(norm_shape, eps=eps)
 
     def forward(self, X, Y):
-        if X.shape != Y.shape:
-            raise ValueError(f"AddNorm needs X and Y of the same shape, got {tuple(X.shape)} and {tuple(Y.shape)}")
+        validate.add_norm_inputs(X, Y, self.ln.normalized_shape)
         return self.ln(X + self.dropout(Y))

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from . import _validate as validate
+from . import _validate_training as validate_training
 from .masks import causal_mask
 from .mha import AddNorm, MultiHeadAttention
 
@@ -82,6 +83,7 @@ class ModelConfig:
     bias: bool = True
 
     def __post_init__(self):
+        validate_training.model_config_fields(self)
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         counts = ("src_vocab_size", "num_enc_layers", "num_dec_layers", "ffn_num_hiddens")
@@ -146,13 +148,7 @@ class Embedding(nn.Module):
         self.position = nn.Embedding(max_len, num_hiddens)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"token ids must be an integer tensor of shape (batch, steps), got "
-                f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
-            )
-        if ids.shape[1] > self.max_len:
-            raise ValueError(f"sequence of length {ids.shape[1]} is longer than max_len={self.max_len}")
+        validate_training.token_ids(ids, self.token.num_embeddings, self.max_len)
         positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
         return self.token(ids) + self.position(positions)  # (B, T, d)
 
@@ -193,7 +189,12 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """What the three models share: attention-layer bookkeeping and ``head_mask`` handling."""
+    """What the three models share: attention-layer bookkeeping and ``head_mask`` handling.
+
+    Token ids outside the vocabulary raise ``ValueError``. Empty input gives empty output: B = 0 or T = 0
+    positions give (B, T, tgt_vocab) logits with a zero axis; a source with no visible token (S = 0, or
+    ``valid_lens`` 0) is fully masked, so cross-attention contributes only its output bias.
+    """
 
     config: ModelConfig
 
@@ -342,6 +343,7 @@ class TransformerEncoderDecoder(TinyTransformer):
         return self.head(X)
 
     def forward(self, src, tgt_in, src_valid_lens=None, head_mask=None):
+        validate_training.source_and_target(self.config, src, tgt_in)  # both, before the encoder computes
         enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
         memory = self.encode(src, src_valid_lens, enc_rows)
         return self.decode(tgt_in, memory, src_valid_lens, self_rows, cross_rows)
@@ -354,6 +356,7 @@ class TransformerEncoderDecoder(TinyTransformer):
         outputs here are 10 characters). Afterwards ``attention_weights()``
         holds the weights of the final step, with Q = num_steps queries.
         """
+        validate_training.greedy_args(num_steps, bos_id, self.config.tgt_vocab_size)
         enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
         memory = self.encode(src, src_valid_lens, enc_rows)  # (B, S, d)
         out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -372,6 +375,7 @@ MODEL_CLASSES = {
 
 def build_model(config: ModelConfig | dict) -> TinyTransformer:
     """A freshly initialised model of the configured kind."""
+    validate_training.model_config(config)
     if isinstance(config, dict):
         config = ModelConfig.from_dict(config)
     return MODEL_CLASSES[config.kind](config)

@@ -32,12 +32,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import _validate as validate
+from . import _validate_training as validate_training
 from .tasks import get_task
 from .train import evaluate
 
 
 def _sizes(model) -> tuple[int, int]:
     """(num_attention_layers, num_heads) of a model, or the pair itself when given one."""
+    validate_training.model_sizes(model)
     if isinstance(model, tuple):
         return model
     return model.num_attention_layers, model.num_heads
@@ -65,6 +67,7 @@ def ablation(model, task_name: str, split: str = "eval", examples=None, limit: i
     the last four as (L, H) tensors; ``delta_loss[l, h] > 0`` means the model is worse without head h
     of layer l.
     """
+    validate_training.model_for_task(model, get_task(task_name))
     rows = _examples(task_name, split, examples, limit)
     L, H = _sizes(model)
     device = next(model.parameters()).device
@@ -106,6 +109,9 @@ def gradient_importance(
     With ``normalize``, each layer's row is divided by its L2 norm, as in Michel et al.
     """
     task = get_task(task_name)
+    validate_training.model_for_task(model, task)
+    if head_mask is not None:
+        check_head_mask(model, head_mask)  # a list or an array is named here, before it is converted
     rows = _examples(task_name, split, examples, limit)
     L, H = _sizes(model)
     device = next(model.parameters()).device
@@ -131,11 +137,14 @@ def gradient_importance(
 
 def normalize_per_layer(importance: torch.Tensor) -> torch.Tensor:
     """Each row (layer) of an (L, H) importance table divided by its L2 norm (Michel et al.); a zero row stays 0."""
+    validate_training.table(importance, "importance")
     return importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
 
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
     """Spearman's rank correlation of two equally shaped tensors (ties get their average rank)."""
+    validate_training.table(a, "a", layers_by_heads=False)
+    validate_training.table(b, "b", layers_by_heads=False)
     if a.shape != b.shape:
         raise ValueError(f"rank_correlation needs tensors of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.numel() < 2:
@@ -159,6 +168,7 @@ def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def order_from_scores(scores: torch.Tensor, ascending: bool = True) -> list[tuple[int, int]]:
     """(layer, head) pairs sorted by score; ties broken by position, so the order is deterministic."""
+    validate_training.table(scores, "scores")
     L, H = scores.shape
     flat = scores.flatten().tolist()
     index = sorted(range(L * H), key=lambda i: (flat[i] if ascending else -flat[i], i))
@@ -202,6 +212,7 @@ def pruning_curve(model, task_name: str, order, split: str = "eval", examples=No
     Returns {"accuracy": tensor (N+1,), "loss": tensor (N+1,)}: entry k is the model with the
     first k heads of ``order`` switched off (entry 0 is the full model).
     """
+    validate_training.model_for_task(model, get_task(task_name))
     rows = _examples(task_name, split, examples, limit)
     device = next(model.parameters()).device
     order_mask(model, order)  # the whole order is checked before the first evaluation
@@ -220,6 +231,7 @@ def order_mask(model, order, n: int | None = None, device=None) -> torch.Tensor:
     Raises ValueError for a head outside the model or one that appears twice in ``order``.
     """
     L, H = _sizes(model)
+    validate_training.head_order(order)
     mask, seen = torch.ones(L, H, device=device), set()
     for k, (layer, head) in enumerate(order):
         if not (0 <= layer < L and 0 <= head < H):
@@ -238,6 +250,7 @@ def area_under_curve(values: torch.Tensor, counts=None) -> float:
     Without ``counts`` the points are evenly spaced (0, 1, 2, ... heads removed); with them, point i
     sits at ``counts[i]`` heads and the area is divided by the range ``counts[-1] - counts[0]``.
     """
+    validate_training.curve(values, counts)
     values = torch.as_tensor(values, dtype=torch.double)
     if values.numel() < 2:
         raise ValueError("a pruning curve needs at least two points")
@@ -249,6 +262,7 @@ def area_under_curve(values: torch.Tensor, counts=None) -> float:
 
 def heads_prunable(accuracy: torch.Tensor, tolerance: float = 0.01) -> int:
     """How many heads (from the start of the curve) can go before accuracy drops more than ``tolerance``."""
+    validate_training.curve(accuracy, None, minimum=1)
     accuracy = torch.as_tensor(accuracy)
     below = (accuracy < accuracy[0] - tolerance).nonzero()
     return int(below[0]) - 1 if len(below) else len(accuracy) - 1
@@ -277,6 +291,7 @@ def prune_attention_heads(layer, heads) -> None:
     bias stays: pruning every head leaves a layer that returns only that bias. A pruned layer computes
     exactly what the unpruned one does with those heads' ``head_mask`` entries set to 0.
     """
+    validate_training.attention_layer(layer)
     original = len(layer.head_ids) + len(layer.pruned_heads)
     heads = validate.head_numbers(heads, layer.head_ids, original)
     d = layer.head_size

@@ -253,6 +253,7 @@ def random_orders(n: int, seed: int = 0, sizes: tuple[int, int] = SIZES) -> list
     seed, seed + 1, ... (``pruning.random_order``)."""
     validate.positive_int(n, "n")
     validate.integer(seed, "seed")
+    validate.model_sizes(sizes)
     return [pruning.random_order(tuple(sizes), seed + i) for i in range(n)]
 
 
@@ -438,6 +439,7 @@ def to_json(value, depth: int = 0) -> str:
 def load_study(path=None) -> dict:
     """The shipped study (``data/minilm_pruning.json``), checked, with the (L, H) tables as tensors and the
     orders as lists of (layer, head) tuples."""
+    validate.json_path(path)
     path = STUDY_PATH if path is None else path
     data = json.loads(open(path, encoding="utf-8").read())
     validate.study(data, path, *SIZES)

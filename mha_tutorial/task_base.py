@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from . import _validate_experiments as validate
+from . import _validate_training as validate_training
 from .model import ModelConfig
 
 __all__ = ["Batch", "Task", "is_heldout"]
@@ -91,6 +92,7 @@ class Task:
 
     def sample(self, n: int, seed: int, heldout: bool = False) -> list[tuple[str, ...]]:
         """``n`` examples from ``random.Random(seed)``: training ones, or held-out ones when ``heldout``."""
+        validate_training.non_negative_count(n, "n")
         rng, out = random.Random(seed), []
         while len(out) < n:
             example = self.draw(rng)
@@ -101,6 +103,7 @@ class Task:
     def make_batch(self, batch_size: int, generator: torch.Generator | None = None, device=None) -> Batch:
         """A fresh training batch; the torch ``generator`` makes the stream reproducible."""
         validate.positive_count(batch_size, "batch_size")
+        validate_training.generator(generator)
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         return self.collate(self.sample(batch_size, seed), device)
 
@@ -129,6 +132,7 @@ class Task:
         """Ids -> string; special tokens (<pad>, <bos>) are dropped unless ``strip_special=False``."""
         self._check_side(side)
         vocab = self.src_vocab if side == "src" else self.tgt_vocab
+        validate_training.id_sequence(ids, self.name)
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(vocab)]
         if bad:  # a negative id would silently index from the end of the vocabulary
@@ -152,6 +156,7 @@ class Task:
         to ``head_mask``). Accuracy is per token for reversal and induction and
         whole-date exact match under greedy decoding for dates.
         """
+        validate_training.loss_inputs(model, self, batch)
         logits = self.forward(model, batch, head_mask)  # (B, T, V)
         mask = batch.loss_mask  # (B, T)
         loss = F.cross_entropy(logits[mask], batch.tgt_out[mask])
@@ -160,6 +165,7 @@ class Task:
 
     # ---- committed splits --------------------------------------------------------------------
     def split_path(self, split: str) -> Path:
+        validate_training.name(split, "split")
         if split not in SPLIT_SEEDS:
             raise ValueError(f"unknown split {split!r}; known: {sorted(SPLIT_SEEDS)}")
         return DATA_DIR / f"{self.name}_{split}.tsv"

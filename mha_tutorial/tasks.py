@@ -36,6 +36,7 @@ import torch
 from torch.nn import functional as F
 
 from . import _validate_experiments as validate
+from . import _validate_training as validate_training
 from .model import ModelConfig
 
 # What every task shares lives in task_base; it stays importable from here (tasks.Task, tasks.DATA_DIR, ...).
@@ -133,6 +134,7 @@ class InductionTask(Task):
                     f"induction: a sequence is a run written twice, an even number of letters up to "
                     f"{2 * self.max_run}; got {seq!r} ({len(seq)} letters)"
                 )
+        validate_training.induction_runs(examples)
         T = 2 * self.max_run
         tokens = torch.zeros(len(examples), T, dtype=torch.long)  # (B, T), 0 = <pad>
         loss_mask = torch.zeros(len(examples), T, dtype=torch.bool)  # (B, T)
@@ -323,6 +325,7 @@ class DatesTask(Task):
 
     def loss_and_accuracy(self, model, batch, head_mask=None):
         """(teacher-forced cross-entropy, exact match of whole dates under greedy decoding)."""
+        validate_training.loss_inputs(model, self, batch)
         logits = self.forward(model, batch, head_mask)
         loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten())
         pred = self.predict(model, batch, None if head_mask is None else head_mask.detach())
@@ -336,6 +339,7 @@ _INSTANCES: dict[str, Task] = {}
 
 def get_task(name: str) -> Task:
     """The task called ``name`` (``reversal``, ``induction`` or ``dates``)."""
+    validate_training.name(name, "task name")
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
     if name not in _INSTANCES:

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm  # the plain text bar: tqdm.auto would need ipywidgets (not installed) in notebooks
 
 from . import _validate_experiments as validate
+from . import _validate_training as validate_training
 from .device import get_device
 from .model import ModelConfig, TinyTransformer, build_model
 from .tasks import DATA_DIR, get_task
@@ -57,6 +58,9 @@ class TrainSettings:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eval_every: int = 0  # 0: evaluate only at the end
+
+    def __post_init__(self):
+        validate_training.train_settings(self)
 
 
 DEFAULT_SETTINGS = {
@@ -188,6 +192,7 @@ def train(
     the evaluations), "settings": the TrainSettings as a dict, "seed", "device"}.
     """
     task = get_task(task_name)
+    validate_training.train_args(task, config, settings, overrides, seed, device, num_threads)
     config = config or task.default_config()
     settings = settings or DEFAULT_SETTINGS[task_name]
     if steps is not None:
@@ -225,9 +230,9 @@ def train_command(task_name: str) -> str:
 def save_checkpoint(path, model: TinyTransformer, task_name: str, history: dict) -> Path:
     """Write ``model`` and what made it (``history`` from ``train``) so that
     ``torch.load(path, weights_only=True)`` can read it back."""
-    validate.checkpoint_path(path)
+    validate_training.checkpoint_path(path)
     validate.model_for_task(model, get_task(task_name))
-    validate.train_history(history)
+    validate_training.train_history(history)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {
@@ -260,7 +265,7 @@ def read_checkpoint(path) -> dict:
     malformed: ``task`` (a known task), ``config`` (ModelConfig's fields), ``state_dict`` ({name: tensor},
     finite), ``metrics`` ({name: number}).
     """
-    validate.checkpoint_path(path)
+    validate_training.checkpoint_path(path)
     path = Path(path)
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {path}")
@@ -277,7 +282,7 @@ def read_checkpoint(path) -> dict:
             f"{path} has checkpoint format {checkpoint['format']!r}; this version of the package reads format "
             f"{CHECKPOINT_FORMAT}: retrain it with python -m mha_tutorial.train (mha_tutorial/data/README.md has the commands)"
         )
-    validate.checkpoint_fields(checkpoint, path)
+    validate_training.checkpoint_fields(checkpoint, path)
     return checkpoint
 
 
@@ -290,8 +295,9 @@ def load_pretrained(name: str, path=None, device=None) -> TinyTransformer:
     current ``default_config()``, or weights that do not fit that configuration.
     """
     task = get_task(name)
+    validate_training.device(device)
     if path is not None:
-        validate.checkpoint_path(path)
+        validate_training.checkpoint_path(path)
     path = Path(path) if path is not None else CHECKPOINT_DIR / f"{name}.pt"
     if not path.exists():
         raise CheckpointNotFoundError(

@@ -87,7 +87,8 @@ class SeqFirstMultiHeadAttention(nn.Module):
     [Q, K, B] (True = may attend) whose Q or B axis may be 1 to broadcast. It takes the same
     constructor arguments and has the same parameters (``W_q``, ``W_k``, ``W_v``, ``W_o``), so one
     ``state_dict`` loads into both. The scores use the index pattern ``'ibhd,jbhd->ijbh'``
-    (i = query position, j = key position, b = batch, h = head).
+    (i = query position, j = key position, b = batch, h = head). Errors name the [seq, batch, features]
+    shapes passed in; ``prune_heads`` removes heads as ``MultiHeadAttention.prune_heads`` does.
     """
 
     def __init__(self, *args, **kwargs):
@@ -97,6 +98,7 @@ class SeqFirstMultiHeadAttention(nn.Module):
         self.W_q, self.W_k, self.W_v, self.W_o = parts.W_q, parts.W_k, parts.W_v, parts.W_o
         self.attention = parts.attention  # holds the dropout rate
         self.attention_weights: torch.Tensor | None = None
+        self.head_ids, self.pruned_heads = parts.head_ids, parts.pruned_heads  # see prune_heads
 
     def forward(self, query, key, value, mask=None, need_weights=True):
         validate.seq_first_inputs(self, query, key, value, mask, need_weights)
@@ -113,3 +115,10 @@ class SeqFirstMultiHeadAttention(nn.Module):
             weights = nn.functional.dropout(weights, self.attention.dropout)
         out = torch.einsum("ijbh,jbhd->ibhd", weights, v)  # (Q, B, H, d)
         return self.W_o(out.flatten(2))  # (Q, B, num_hiddens)
+
+    def prune_heads(self, heads) -> None:
+        """Remove heads for good, as ``MultiHeadAttention.prune_heads`` does: the same original numbering
+        (``head_ids``, ``pruned_heads``), the same smaller weights, the same outputs."""
+        from .pruning import prune_attention_heads  # pruning builds on the whole model: import it only when used
+
+        prune_attention_heads(self, heads)

@@ -202,6 +202,7 @@ def _grid_data(args: dict, head_ids) -> _Grid:
     if len(names) != L:
         raise ValueError(f"layer_names has {len(names)} entries for {L} layers")
     axis = _per_layer(args["axis_labels"], L, "axis_labels", lambda v: isinstance(v, tuple) and len(v) == 2)
+    validate.grid_axis_labels(axis)
     for l, (w, ql, kl) in enumerate(zip(layers, q_labels, k_labels, strict=True)):
         if not _is_label_list(ql) or not _is_label_list(kl):
             raise ValueError(f"{names[l]}: labels must be lists of strings")
