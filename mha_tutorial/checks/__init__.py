@@ -13,10 +13,11 @@ check is re-exported here, the same function under both names.
 
 from ._common import CheckFailed, NotAttempted
 from .nb01 import check_attention_entropy, check_softmax, check_temperature_attention
+from .nb01a import check_tempered_jacobian
 from .nb02 import check_causal_mask, check_masked_softmax, check_padding_mask
-from .nb03 import check_expand_valid_lens, check_transpose_output, check_transpose_qkv
-from .nb04 import check_head_off, check_mha_forward, check_num_params
-from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy
+from .nb03 import check_average_heads, check_expand_valid_lens, check_transpose_output, check_transpose_qkv
+from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
+from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy, check_to_torch_attention
 from .nb06 import check_induction_score, check_normalized_entropy, check_previous_token_score
 from .nb07 import check_head_importance, check_params_after_pruning, check_pruning_order
 from .nb08 import check_fixed_attention
@@ -34,12 +35,17 @@ __all__ = [
     "check_transpose_qkv",
     "check_transpose_output",
     "check_expand_valid_lens",
+    "check_average_heads",
+    "check_tempered_jacobian",
     "check_mha_forward",
     "check_num_params",
+    "check_torch_mha_params",
     "check_head_off",
+    "check_peak_prediction",
     "check_decoder_mask",
     "check_masked_loss_and_accuracy",
     "check_greedy_decode",
+    "check_to_torch_attention",
     "check_normalized_entropy",
     "check_previous_token_score",
     "check_induction_score",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import os
+import sys
 
 import torch
 
@@ -151,3 +154,38 @@ def expect_close(actual, expected: torch.Tensor, case: str, atol: float = 1e-5, 
             f"{case}: wrong values, first at index {where}: got {actual[where].item():.4g}, "
             f"expected {expected[where].item():.4g} (max difference {(actual - expected).abs().max().item():.3g})"
         )
+
+
+def _code_of(function):
+    """The code object that runs when ``function`` is called, under any ``functools.wraps`` decorators."""
+    return getattr(inspect.unwrap(function), "__code__", None)
+
+
+@contextlib.contextmanager
+def refusing(functions: dict, builtin_names: dict | None = None):
+    """Inside the block, note every call of the package's ``functions`` ({function: what to say}); on leaving it
+    normally, raise ``CheckFailed`` naming the first one called.
+
+    An exercise asks the learner to write something the package already has; calling the package's version would
+    pass any comparison with it, so the check refuses it, however it was reached (passed in directly, imported
+    under another name, or called inside the learner's function). ``builtin_names`` ({name: what to say}) refuses
+    C functions by name too, e.g. ``{"softmax": ...}`` for ``torch.softmax`` and ``Tensor.softmax``.
+    """
+    codes = {_code_of(f): what for f, what in functions.items() if _code_of(f) is not None}
+    builtin_names = builtin_names or {}
+    seen: list[str] = []
+    previous = sys.getprofile()
+
+    def note(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+        elif event == "c_call" and getattr(arg, "__name__", None) in builtin_names:
+            seen.append(builtin_names[arg.__name__])
+
+    sys.setprofile(note)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+    if seen:
+        raise CheckFailed(f"your function calls {seen[0]}: the exercise is to write that step yourself")

@@ -13,6 +13,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from .. import attention
 from ..attention import scaled_dot_product_attention
 from ._common import (
     CheckFailed,
@@ -23,6 +24,7 @@ from ._common import (
     expect_tensor,
     friendly,
     passed,
+    refusing,
 )
 
 __all__ = ["check_softmax", "check_temperature_attention", "check_attention_entropy"]
@@ -37,6 +39,16 @@ def _randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- Exercise 1
+
+# What the exercises ask the learner to write, already written elsewhere: calling it is refused.
+_PACKAGE_SOFTMAX = {
+    attention.masked_softmax: "mha_tutorial.masked_softmax",
+    attention._softmax_over_keys: "the package's softmax",
+    F.softmax: "F.softmax",
+}
+_TORCH_SOFTMAX = {"softmax": "torch.softmax (or Tensor.softmax)", "_softmax": "torch._softmax"}
+_PACKAGE_ATTENTION = {scaled_dot_product_attention: "mha_tutorial.scaled_dot_product_attention"}
+_TORCH_ATTENTION = {"scaled_dot_product_attention": "F.scaled_dot_product_attention"}
 
 
 @friendly
@@ -54,7 +66,8 @@ def check_softmax(my_softmax) -> None:
     ]
     for case, scores in cases:
         original = scores.clone()
-        out = expect_tensor(call(my_softmax, scores, case=case), case)
+        with refusing(_PACKAGE_SOFTMAX, _TORCH_SOFTMAX):
+            out = expect_tensor(call(my_softmax, scores, case=case), case)
         if not torch.equal(scores, original):
             raise CheckFailed(f"{case}: your function changed its input in place; work on a copy")
         scores = original
@@ -179,7 +192,8 @@ def check_temperature_attention(my_attention) -> None:
         queries = _randn(*lead, Q, d, seed=seed)
         keys = _randn(*lead, K, d, seed=seed + 100)
         values = _randn(*lead, K, v, seed=seed + 200)
-        result = call(my_attention, queries, keys, values, temperature, case=case, hint=_TRANSPOSE_HINT)
+        with refusing(_PACKAGE_ATTENTION, _TORCH_ATTENTION):
+            result = call(my_attention, queries, keys, values, temperature, case=case, hint=_TRANSPOSE_HINT)
         output, weights = _expect_pair(result, case)
         ref_out, ref_w = scaled_dot_product_attention(queries / temperature, keys, values)
         _expect_weights_shape(weights, (*lead, Q, K), case)
@@ -236,7 +250,7 @@ def check_attention_entropy(attention_entropy) -> None:
         if torch.isnan(out).any():
             raise CheckFailed(
                 f"{case}: NaN: a weight of exactly 0 gives 0 * log 0 = 0 * (-inf) = NaN. By convention 0 log 0 = 0 "
-                "(the limit of p log p): use torch.xlogy(p, p) or clamp p before the log"
+                "(the limit of p log p): those terms must count as 0, so keep log 0 out of the product"
             )
         mistakes = [
             ("the entropy is negative: H = -sum p log p has a minus sign", -expected),

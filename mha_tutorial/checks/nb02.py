@@ -11,9 +11,33 @@ from __future__ import annotations
 
 import torch
 
+from .. import attention, masks
 from ..attention import masked_softmax
 from ..masks import causal_mask, padding_mask
-from ._common import CheckFailed, call, diagnose, expect_close, expect_shape, expect_tensor, friendly, passed
+from ._common import (
+    CheckFailed,
+    call,
+    diagnose,
+    expect_close,
+    expect_shape,
+    expect_tensor,
+    friendly,
+    passed,
+    refusing,
+)
+
+# What the exercises ask the learner to write, already in the package: calling it is refused.
+_PACKAGE_CAUSAL = {masks.causal_mask: "mha_tutorial.causal_mask", masks.and_causal: "mha_tutorial's and_causal"}
+_PACKAGE_PADDING = {
+    masks.padding_mask: "mha_tutorial.padding_mask",
+    masks.combine_masks: "mha_tutorial's combine_masks",
+}
+_PACKAGE_MASKED_SOFTMAX = {
+    attention.masked_softmax: "mha_tutorial.masked_softmax",
+    attention._softmax_over_keys: "the package's masked softmax",
+    attention.scaled_dot_product_attention: "mha_tutorial.scaled_dot_product_attention",
+    masks.padding_mask: "mha_tutorial.padding_mask (build the mask yourself, as in Exercise 2)",
+}
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_softmax"]
 
@@ -53,7 +77,9 @@ def check_causal_mask(my_causal_mask) -> None:
         K = num_queries if num_keys is None else num_keys
         args = (num_queries,) if num_keys is None else (num_queries, num_keys)
         case = f"my_causal_mask{args}"
-        actual = _expect_bool_mask(call(my_causal_mask, *args, case=case), (num_queries, K), case)
+        with refusing(_PACKAGE_CAUSAL):
+            result = call(my_causal_mask, *args, case=case)
+        actual = _expect_bool_mask(result, (num_queries, K), case)
         expected = causal_mask(num_queries, K)
         ones = torch.ones(num_queries, K, dtype=torch.bool)
         offset = K - num_queries
@@ -75,7 +101,7 @@ def check_causal_mask(my_causal_mask) -> None:
             ),
             (
                 "with more keys than queries, the queries are the *last* Q positions (e.g. new tokens after a cached "
-                f"prefix), so query i sees keys 0..i + (K - Q): use tril(diagonal=K - Q) = tril({offset})",
+                f"prefix), so query i sees keys 0..i + (K - Q) = i + {offset}; your mask starts at the top-left",
                 ones.tril(0) if offset else None,
             ),
             ("you anchored the mask at the bottom-right but inverted it", ~ones.tril(0) if offset else None),
@@ -99,7 +125,8 @@ def check_padding_mask(my_padding_mask) -> None:
     ]
     for valid_lens, num_keys in cases:
         case = f"my_padding_mask(valid_lens={valid_lens.tolist()}, num_keys={num_keys})"
-        actual = expect_tensor(call(my_padding_mask, valid_lens.clone(), num_keys, case=case), case)
+        with refusing(_PACKAGE_PADDING):
+            actual = expect_tensor(call(my_padding_mask, valid_lens.clone(), num_keys, case=case), case)
         expected = padding_mask(valid_lens, num_keys)
         B = valid_lens.shape[0]
         if valid_lens.dim() == 1 and tuple(actual.shape) == (B, num_keys):
@@ -206,7 +233,8 @@ def _check_gradient(my_masked_softmax) -> None:
     """The gradient must be finite too: a NaN gradient poisons every parameter in one optimiser step."""
     case = "gradient through a fully-masked row (float32, valid_lens [0, 2])"
     scores = _seeded_scores((2, 3, 4), 36).requires_grad_()
-    out = call(my_masked_softmax, scores, torch.tensor([0, 2]), case=case)
+    with refusing(_PACKAGE_MASKED_SOFTMAX):
+        out = call(my_masked_softmax, scores, torch.tensor([0, 2]), case=case)
     upstream = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape) / out.numel()
     try:
         (out * upstream).sum().backward()
@@ -231,7 +259,8 @@ def check_masked_softmax(my_masked_softmax) -> None:
     cases = _masked_softmax_cases()
     for case, scores, valid_lens in cases:
         hint = _FP16_HINT if scores.dtype != torch.float32 else ""
-        actual = call(my_masked_softmax, scores.clone(), valid_lens.clone(), case=case, hint=hint)
+        with refusing(_PACKAGE_MASKED_SOFTMAX):
+            actual = call(my_masked_softmax, scores.clone(), valid_lens.clone(), case=case, hint=hint)
         actual = expect_tensor(actual, case)
         expected = masked_softmax(scores, valid_lens)
         expect_shape(actual, expected.shape, case)

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import torch
 
+from .. import heads as _heads
 from ..heads import transpose_qkv
-from ._common import CheckFailed, call, expect_shape, expect_tensor, friendly, passed
+from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_transpose_qkv", "check_transpose_output", "check_expand_valid_lens"]
+__all__ = ["check_transpose_qkv", "check_transpose_output", "check_expand_valid_lens", "check_average_heads"]
+
+# What the exercises ask the learner to write, already in the package: calling it is refused.
+_PACKAGE_HEADS = {
+    _heads.transpose_qkv: "mha_tutorial.transpose_qkv",
+    _heads.transpose_output: "mha_tutorial.transpose_output",
+}
 
 
 def _labelled(batch: int, steps: int, heads: int, head_size: int) -> torch.Tensor:
@@ -49,7 +56,8 @@ def check_transpose_qkv(fn) -> None:
     for batch, steps, heads, size in _CASES:
         X = _labelled(batch, steps, heads, size)
         case = f"X of shape {tuple(X.shape)}, num_heads={heads}"
-        actual = _as_cpu(call(fn, X.clone(), heads, case=case), case)
+        with refusing(_PACKAGE_HEADS):
+            actual = _as_cpu(call(fn, X.clone(), heads, case=case), case)
         if tuple(actual.shape) == (batch, heads, steps, size):
             raise CheckFailed(
                 f"{case}: got the 4-D layout (B, H, T, d) = {tuple(actual.shape)}; fold the batch and head "
@@ -99,7 +107,8 @@ def check_transpose_output(fn) -> None:
         X = _labelled(batch, steps, heads, size)
         folded = transpose_qkv(X, heads)  # (B*H, T, d), rows batch-major
         case = f"input of shape {tuple(folded.shape)}, num_heads={heads}"
-        actual = _as_cpu(call(fn, folded.clone(), heads, case=case), case)
+        with refusing(_PACKAGE_HEADS):
+            actual = _as_cpu(call(fn, folded.clone(), heads, case=case), case)
         expect_shape(actual, (batch, steps, heads * size), case)
         if torch.equal(actual, X):
             continue
@@ -172,3 +181,49 @@ def check_expand_valid_lens(fn) -> None:
             f"{case}: got {actual.tolist()}, expected {expected.tolist()} (row b*H + h holds valid_lens[b])"
         )
     passed("check_expand_valid_lens", len(_LENS_CASES))
+
+
+# (batch, heads, queries, keys): B != H everywhere, so that unfolding the rows head-major gives other numbers;
+# in the first case H == Q, so that a mean over the queries keeps the right shape and is caught by its values.
+_AVERAGE_CASES = [(3, 2, 2, 4), (2, 3, 4, 5), (4, 2, 4, 6)]
+
+
+def _folded_weights(batch: int, heads: int, queries: int, keys: int, seed: int) -> torch.Tensor:
+    """(B*H, Q, K) attention weights, batch-major, every row a different distribution over the keys."""
+    scores = torch.randn(batch * heads, queries, keys, generator=torch.Generator().manual_seed(seed))
+    return torch.softmax(2.0 * scores, dim=-1)
+
+
+@friendly
+def check_average_heads(fn) -> None:
+    """``fn(weights, num_heads)``: folded weights (B*H, Q, K) -> each example's mean over its heads, (B, Q, K)."""
+    for seed, (batch, heads, queries, keys) in enumerate(_AVERAGE_CASES):
+        weights = _folded_weights(batch, heads, queries, keys, seed)
+        case = f"weights of shape {tuple(weights.shape)}, num_heads={heads} (so B={batch})"
+        actual = expect_tensor(call(fn, weights.clone(), heads, case=case), case)
+        if tuple(actual.shape) == (heads, queries, keys) and heads != batch:
+            raise CheckFailed(
+                f"{case}: got shape {tuple(actual.shape)}, one matrix per head: you averaged over the examples; "
+                f"average over the head axis, expected shape {(batch, queries, keys)}"
+            )
+        if tuple(actual.shape) == (batch, heads, keys) and heads != queries:
+            raise CheckFailed(f"{case}: got shape {tuple(actual.shape)}: you averaged over the queries, not the heads")
+        expected = weights.reshape(batch, heads, queries, keys).mean(dim=1)  # (B, Q, K)
+        expect_shape(actual, expected.shape, case)
+        mistakes = [
+            (
+                "the rows were unfolded head-major (row h*B + b), but folded rows are batch-major (row b*H + h): "
+                "your average mixes the heads of different examples",
+                weights.reshape(heads, batch, queries, keys).mean(dim=0),
+            ),
+            (
+                "summed the heads instead of averaging them: each row of the result must still sum to 1",
+                weights.reshape(batch, heads, queries, keys).sum(dim=1),
+            ),
+            (
+                "averaged over the queries instead of the heads",
+                weights.reshape(batch, heads, queries, keys).mean(dim=2) if heads == queries else None,
+            ),
+        ]
+        diagnose(actual.detach().cpu(), expected, mistakes, case, atol=1e-6)
+    passed("check_average_heads", len(_AVERAGE_CASES))

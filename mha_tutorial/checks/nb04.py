@@ -8,19 +8,28 @@ instead of ``repeat_interleave``, ...) so that it can name the mistake.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import numbers
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from ..attention import masked_softmax
+from ..attention import DotProductAttention, masked_softmax
 from ..masks import padding_mask
 from ..mha import MultiHeadAttention
+from ..variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
 from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed
 
-__all__ = ["check_mha_forward", "check_num_params", "check_head_off"]
+__all__ = [
+    "check_mha_forward",
+    "check_num_params",
+    "check_torch_mha_params",
+    "check_head_off",
+    "check_peak_prediction",
+]
 
 
 class _NoForward(MultiHeadAttention):
@@ -31,6 +40,54 @@ class _NoForward(MultiHeadAttention):
             "your function called net(...) itself; the exercise is to compute the output from "
             "net.W_q, net.W_k, net.W_v and net.W_o"
         )
+
+
+_PACKAGE_LAYERS = (
+    MultiHeadAttention,
+    HeadLoopMultiHeadAttention,
+    EinsumMultiHeadAttention,
+    SeqFirstMultiHeadAttention,
+    DotProductAttention,
+)
+
+
+@contextlib.contextmanager
+def _refusing(classes, method: str, message: str):
+    """While the learner's code runs, ``cls.method`` of each class raises ``CheckFailed(message)``.
+
+    This catches the package's own implementation however it is reached: ``net(...)``,
+    ``MultiHeadAttention.forward(net, ...)``, or a fresh module with ``net``'s weights loaded.
+    """
+    saved = [(cls, cls.__dict__[method]) for cls in classes if method in cls.__dict__]
+
+    def refuse(*args, **kwargs):
+        raise CheckFailed(message)
+
+    for cls, _ in saved:
+        setattr(cls, method, refuse)
+    try:
+        yield
+    finally:
+        for cls, original in saved:
+            setattr(cls, method, original)
+
+
+def _no_package_attention():
+    return _refusing(
+        _PACKAGE_LAYERS,
+        "forward",
+        "your function ran the package's attention (a MultiHeadAttention or its inner attention); the "
+        "exercise is to compute the output yourself from net.W_q, net.W_k, net.W_v and net.W_o",
+    )
+
+
+def _no_modules():
+    return _refusing(
+        (nn.Module,),
+        "__init__",
+        "your function built a module to count its parameters; count them from the shapes instead "
+        "(some of the check's sizes are far too large to build)",
+    )
 
 
 @dataclass(frozen=True)
@@ -163,9 +220,10 @@ def check_mha_forward(fn) -> None:
         with torch.no_grad():
             expected = MultiHeadAttention.forward(net, q, k, v, valid_lens)  # the package's reference
             args = (net, q.clone(), k.clone(), v.clone())
-            actual = (
-                call(fn, *args, case=case) if valid_lens is None else call(fn, *args, valid_lens.clone(), case=case)
-            )
+            with _no_package_attention():
+                actual = (
+                    call(fn, *args, case=case) if valid_lens is None else call(fn, *args, valid_lens.clone(), case=case)
+                )
         for name, p in net.state_dict().items():
             if not torch.equal(p, before[name]):
                 raise CheckFailed(f"{case}: your function changed net.{name}; it must only read the weights")
@@ -197,16 +255,22 @@ def _describe(kwargs) -> str:
     return ", ".join(f"{k}={v}" for k, v in kwargs.items())
 
 
+def _as_int(actual, case: str) -> int:
+    if isinstance(actual, torch.Tensor) and actual.numel() == 1 and not actual.is_floating_point():
+        actual = actual.item()
+    if isinstance(actual, bool) or not isinstance(actual, numbers.Integral):
+        raise CheckFailed(f"{case}: return the count as an int, got {actual!r} ({type(actual).__name__})")
+    return int(actual)
+
+
 @friendly
 def check_num_params(fn) -> None:
     """``fn(num_hiddens, num_heads, bias, query_size=None, key_size=None, value_size=None)`` -> int."""
     for kwargs in _PARAM_CASES:
         case = _describe(kwargs)
-        actual = call(fn, case=case, **kwargs)
-        if isinstance(actual, torch.Tensor) and actual.numel() == 1 and not actual.is_floating_point():
-            actual = actual.item()
-        if isinstance(actual, bool) or not isinstance(actual, numbers.Integral):
-            raise CheckFailed(f"{case}: return the count as an int, got {actual!r} ({type(actual).__name__})")
+        with _no_modules():
+            actual = call(fn, case=case, **kwargs)
+        actual = _as_int(actual, case)
         net = MultiHeadAttention(**kwargs)
         expected = sum(p.numel() for p in net.parameters())
         if actual == expected:
@@ -251,6 +315,85 @@ def check_num_params(fn) -> None:
     passed("check_num_params", len(_PARAM_CASES))
 
 
+# nn.MultiheadAttention's options, including sizes far too large to build (2**20 features: 4 TiB of weights).
+_TORCH_PARAM_CASES = [
+    dict(embed_dim=16, num_heads=4),
+    dict(embed_dim=16, num_heads=4, bias=False),
+    dict(embed_dim=16, num_heads=4, kdim=20, vdim=24),
+    dict(embed_dim=16, num_heads=4, bias=False, add_bias_kv=True),
+    dict(embed_dim=2**20, num_heads=64, kdim=768, vdim=512, add_bias_kv=True),
+    dict(embed_dim=2**20, num_heads=16, bias=False, kdim=2**20 + 1),
+]
+
+
+def _torch_mha_count(embed_dim, num_heads, bias=True, add_bias_kv=False, kdim=None, vdim=None) -> int:
+    """The parameter count of ``nn.MultiheadAttention`` from its shapes (tested against the built layer)."""
+    E, k, v = embed_dim, kdim or embed_dim, vdim or embed_dim
+    return E * (E + k + v) + E * E + (4 * E if bias else 0) + (2 * E if add_bias_kv else 0)
+
+
+@friendly
+def check_torch_mha_params(fn) -> None:
+    """``fn(embed_dim, num_heads, bias=True, add_bias_kv=False, kdim=None, vdim=None)`` -> int: the number of
+    parameters of ``nn.MultiheadAttention`` with those arguments, without building it."""
+    for kwargs in _TORCH_PARAM_CASES:
+        case = "nn.MultiheadAttention(" + _describe(kwargs) + ")"
+        with _no_modules():
+            actual = call(fn, case=case, **kwargs)
+        actual = _as_int(actual, case)
+        expected = _torch_mha_count(**kwargs)
+        if actual == expected:
+            continue
+        E, H = kwargs["embed_dim"], kwargs["num_heads"]
+        bias, extra = kwargs.get("bias", True), kwargs.get("add_bias_kv", False)
+        k, v = kwargs.get("kdim") or E, kwargs.get("vdim") or E
+        biases, pair = (4 * E if bias else 0), (2 * E if extra else 0)
+        weights = E * (E + k + v) + E * E
+        candidates = [
+            (
+                "forgot bias_k and bias_v: add_bias_kv=True learns one extra key and one extra value",
+                expected - pair,
+                extra,
+            ),
+            (
+                "bias_k and bias_v are added after the projections, so each has embed_dim numbers, not kdim or vdim",
+                weights + biases + k + v,
+                extra and (k, v) != (E, E),
+            ),
+            ("counted biases, but with bias=False no projection has one", weights + 4 * E + pair, not bias),
+            (
+                "forgot the biases: with bias=True, in_proj_bias has 3 * embed_dim numbers and out_proj.bias embed_dim",
+                weights + pair,
+                bias,
+            ),
+            ("forgot out_proj.bias: the output projection has a bias of embed_dim numbers too", expected - E, bias),
+            ("forgot out_proj: the output projection adds embed_dim * embed_dim weights", expected - E * E, True),
+            (
+                "ignored kdim / vdim: they are the widths of the key and value inputs, so k_proj_weight is "
+                "(embed_dim, kdim) and v_proj_weight (embed_dim, vdim)",
+                4 * E * E + biases + pair,
+                (k, v) != (E, E),
+            ),
+            (
+                "the queries were given width kdim too; in nn.MultiheadAttention the query input always has "
+                "embed_dim features",
+                E * (k + k + v) + E * E + biases + pair,
+                k != E,
+            ),
+            (
+                "counted only a d x d block per head (d = embed_dim / num_heads); each projection reads all of "
+                "its input features",
+                4 * H * (E // H) ** 2 + biases + pair,
+                True,
+            ),
+        ]
+        for message, wrong, applies in candidates:
+            if applies and actual == wrong:
+                raise CheckFailed(f"{case}: got {actual}, expected {expected}: {message}")
+        raise CheckFailed(f"{case}: got {actual}, expected {expected}")
+    passed("check_torch_mha_params", len(_TORCH_PARAM_CASES))
+
+
 class _NoHeadMask(MultiHeadAttention):
     """A MultiHeadAttention that refuses ``head_mask``: the exercise is to get the same effect from the weights."""
 
@@ -258,6 +401,24 @@ class _NoHeadMask(MultiHeadAttention):
         if head_mask is not None:
             raise CheckFailed("solve it without head_mask: change the weights of a copy of the net instead")
         return super().forward(queries, keys, values, valid_lens, mask, **kwargs)
+
+
+@contextlib.contextmanager
+def _no_head_mask_anywhere():
+    """While the learner's code runs, ``MultiHeadAttention.forward`` refuses a ``head_mask`` however it is called
+    (``MultiHeadAttention.forward(net, ..., head_mask=...)`` skips ``_NoHeadMask.forward``)."""
+    original = MultiHeadAttention.__dict__["forward"]
+
+    def forward(self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, *rest, **kwargs):
+        if head_mask is not None:
+            raise CheckFailed("solve it without head_mask: change the weights of a copy of the net instead")
+        return original(self, queries, keys, values, valid_lens, mask, None, *rest, **kwargs)
+
+    MultiHeadAttention.forward = forward
+    try:
+        yield
+    finally:
+        MultiHeadAttention.forward = original
 
 
 def _off_by_weights(net, X, h, zero):
@@ -347,7 +508,8 @@ def check_head_off(fn) -> None:
             gates = torch.ones(H)
             gates[h] = 0
             expected = MultiHeadAttention.forward(net, X, X, X, head_mask=gates)
-            actual = call(fn, net, X.clone(), h, case=case)
+            with _no_head_mask_anywhere():
+                actual = call(fn, net, X.clone(), h, case=case)
         for name, p in net.state_dict().items():
             if not torch.equal(p, before[name]):
                 raise CheckFailed(
@@ -364,3 +526,69 @@ def check_head_off(fn) -> None:
                     raise CheckFailed(f"{case}: {message}")
         expect_close(actual, expected, case)
     passed("check_head_off", len(cases))
+
+
+# ------------------------------------------------------------------ notebook 04a: predict a peak before measuring
+
+_PEAK_CASES = [(1, 8, 384), (2, 4, 512), (1, 4, 768)]  # (batch, heads, seq), num_hiddens = 64: the T^2 terms dominate
+
+
+def measured_peak_mib(batch: int, heads: int, seq: int, hiddens: int = 64) -> float:
+    """The measured peak (MiB) of one forward+backward call of the readable path, float32, on the CPU."""
+    from ..bench import run_benchmark
+
+    threads = torch.get_num_threads()
+    try:
+        (row,) = run_benchmark(
+            seqs=[seq],
+            batch=batch,
+            hiddens=hiddens,
+            heads=heads,
+            passes=("forward+backward",),
+            impl_names=["readable"],
+            device="cpu",
+            threads=1,
+            min_run_time=0.01,
+            log=None,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return row.peak_mib
+
+
+@friendly
+def check_peak_prediction(fn) -> None:
+    """``fn(batch, heads, seq)`` -> the predicted peak memory (MiB) of one forward+backward call of the readable
+    ``MultiHeadAttention`` in float32; the check measures it and accepts a prediction within 12%."""
+    from ..bench import PeakMemory
+
+    for B, H, T in _PEAK_CASES:
+        case = f"batch={B}, heads={H}, seq={T} (num_hiddens=64)"
+        with _refusing(
+            (PeakMemory,),
+            "__init__",
+            "your function measured the peak instead of predicting it; compute it from batch, heads and seq",
+        ):
+            predicted = call(fn, B, H, T, case=case)
+        if isinstance(predicted, torch.Tensor) and predicted.numel() == 1:
+            predicted = predicted.item()
+        if isinstance(predicted, bool) or not isinstance(predicted, numbers.Real):
+            raise CheckFailed(f"{case}: return a number of MiB, got {predicted!r} ({type(predicted).__name__})")
+        measured = measured_peak_mib(B, H, T)
+        ratio = predicted / measured
+        if 0.88 <= ratio <= 1.12:
+            continue
+        candidates = [
+            ("you counted one (batch, heads, seq, seq) tensor; the backward pass holds about three at once", 1 / 3),
+            ("you counted two (batch, heads, seq, seq) tensors; the backward pass holds about three at once", 2 / 3),
+            ("that is bytes: divide by 2**20 for MiB", 2**20),
+            ("8 bytes per number: float32 takes 4", 2.0),
+            ("the heads are missing: every head has its own (seq, seq) table", 1 / H),
+            ("the batch is missing: every example has its own tables", 1 / B),
+            ("seq, not seq squared: each table is (seq, seq)", 1 / T),
+        ]
+        for message, factor in candidates:
+            if factor != 1 and abs(ratio / factor - 1) < 0.1:
+                raise CheckFailed(f"{case}: predicted {predicted:.4g} MiB, measured {measured:.1f} MiB: {message}")
+        raise CheckFailed(f"{case}: predicted {predicted:.4g} MiB, measured {measured:.1f} MiB (more than 12% apart)")
+    passed("check_peak_prediction", len(_PEAK_CASES))

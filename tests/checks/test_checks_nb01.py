@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+import mha_tutorial
 from mha_tutorial import checks
 
 from testkit import fails_with
@@ -21,18 +22,37 @@ def softmax_right(scores):
     return e / e.sum(dim=-1, keepdim=True)
 
 
+def softmax_over(scores, dim):
+    """A softmax by hand over any axis, for the wrong-axis mistakes (torch.softmax itself is refused)."""
+    shifted = scores - scores.amax(dim=dim, keepdim=True)
+    return shifted.exp() / shifted.exp().sum(dim=dim, keepdim=True)
+
+
 def test_softmax_right_answers_pass(capsys):
     checks.check_softmax(softmax_right)
-    checks.check_softmax(lambda s: torch.softmax(s, dim=-1))
     assert "✓ check_softmax" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda s: torch.softmax(s, dim=-2), "wrong axis"),
-        (lambda s: torch.softmax(s, dim=1), "wrong axis"),
-        (lambda s: torch.softmax(s, dim=2), "wrong axis"),  # right for 3-D, wrong once a head axis appears
+        (lambda s: torch.softmax(s, dim=-1), "torch.softmax"),
+        (lambda s: s.softmax(-1), "torch.softmax"),
+        (lambda s: F.softmax(s, dim=-1), "F.softmax"),
+        (mha_tutorial.masked_softmax, "mha_tutorial.masked_softmax"),
+        (lambda s: mha_tutorial.masked_softmax(s), "mha_tutorial.masked_softmax"),
+    ],
+)
+def test_softmax_refuses_ready_made_softmax(fn, fragment):
+    fails_with(checks.check_softmax, fn, fragment, "write that step yourself")
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda s: softmax_over(s, -2), "wrong axis"),
+        (lambda s: softmax_over(s, 1), "wrong axis"),
+        (lambda s: softmax_over(s, 2), "wrong axis"),  # right for 3-D, wrong once a head axis appears
         (lambda s: s.exp() / s.exp().sum(dim=-1, keepdim=True), "subtract each row's maximum"),
         (lambda s: (s - s.max(-1, keepdim=True).values).exp(), None),
         (lambda s: s.exp() / s.exp().sum(), None),
@@ -47,13 +67,13 @@ def test_softmax_mistakes_fail(fn, fragment):
 
 
 def test_softmax_wrong_axis_is_named():
-    fails_with(checks.check_softmax, lambda s: torch.softmax(s, dim=-2), "over the queries (dim=-2)")
+    fails_with(checks.check_softmax, lambda s: softmax_over(s, -2), "over the queries (dim=-2)")
 
 
 def test_softmax_inplace_is_named():
     def inplace(s):
         s -= s.max(-1, keepdim=True).values
-        return s.softmax(-1)
+        return s.exp() / s.exp().sum(-1, keepdim=True)
 
     fails_with(checks.check_softmax, inplace, "in place")
 
@@ -155,3 +175,19 @@ def test_reference_softmax_is_F_softmax():
     # sanity for the test helpers themselves
     s = torch.randn(2, 3, 4)
     assert torch.allclose(softmax_right(s), F.softmax(s, dim=-1))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda q, k, v, t=1.0: mha_tutorial.scaled_dot_product_attention(q / t, k, v),
+        lambda q, k, v, t=1.0: (F.scaled_dot_product_attention(q / t, k, v), None),
+    ],
+)
+def test_temperature_attention_refuses_the_package(fn):
+    fails_with(checks.check_temperature_attention, fn, "scaled_dot_product_attention", "write that step yourself")
+
+
+def test_entropy_nan_message_does_not_give_the_answer():
+    message = fails_with(checks.check_attention_entropy, lambda w: -(w * w.log()).sum(dim=-1), "NaN")
+    assert "xlogy" not in message

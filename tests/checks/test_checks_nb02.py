@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mha_tutorial
 from mha_tutorial import checks
 
 from testkit import fails_with
@@ -153,3 +154,32 @@ def test_checks_are_exported():
     assert set(nb02.__all__) == {"check_causal_mask", "check_padding_mask", "check_masked_softmax"}
     for name in nb02.__all__:
         assert callable(getattr(checks, name))
+
+
+@pytest.mark.parametrize(
+    "check, fn, fragment",
+    [
+        (checks.check_causal_mask, mha_tutorial.causal_mask, "mha_tutorial.causal_mask"),
+        (
+            checks.check_causal_mask,
+            lambda q, k=None: mha_tutorial.causal_mask(q, k).clone(),
+            "mha_tutorial.causal_mask",
+        ),
+        (checks.check_padding_mask, mha_tutorial.padding_mask, "mha_tutorial.padding_mask"),
+        (checks.check_masked_softmax, mha_tutorial.masked_softmax, "mha_tutorial.masked_softmax"),
+        (
+            checks.check_masked_softmax,
+            lambda s, lens: mha_tutorial.masked_softmax(s, valid_lens=lens) + 0,
+            "mha_tutorial.masked_softmax",
+        ),
+    ],
+)
+def test_the_package_functions_are_refused(check, fn, fragment):
+    fails_with(check, fn, fragment, "write that step yourself")
+
+
+def test_causal_message_does_not_give_the_answer():
+    message = fails_with(
+        checks.check_causal_mask, lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).tril(), "last* Q"
+    )
+    assert "tril(" not in message

@@ -8,6 +8,7 @@ import torch
 from mha_tutorial import transpose_output, transpose_qkv
 from mha_tutorial.checks import (
     CheckFailed,
+    check_average_heads,
     check_expand_valid_lens,
     check_transpose_output,
     check_transpose_qkv,
@@ -53,7 +54,6 @@ def qkv_off_by_one(X, num_heads):
 
 def test_transpose_qkv_accepts_right_answers(capsys):
     check_transpose_qkv(qkv_right)
-    check_transpose_qkv(transpose_qkv)
     assert "✓ check_transpose_qkv: passed on 3 cases" in capsys.readouterr().out
 
 
@@ -96,7 +96,6 @@ def out_interleaved(X, num_heads):
 
 def test_transpose_output_accepts_right_answers(capsys):
     check_transpose_output(out_right)
-    check_transpose_output(transpose_output)
     assert "passed on 3 cases" in capsys.readouterr().out
 
 
@@ -137,4 +136,44 @@ def lens_repeat(v, h):
 def test_expand_valid_lens_names_mistakes(wrong, words):
     with pytest.raises(CheckFailed) as info:
         check_expand_valid_lens(wrong)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "check, fn, words",
+    [
+        (check_transpose_qkv, transpose_qkv, "mha_tutorial.transpose_qkv"),
+        (check_transpose_qkv, lambda X, H: transpose_qkv(X, H) + 0, "mha_tutorial.transpose_qkv"),
+        (check_transpose_output, transpose_output, "mha_tutorial.transpose_output"),
+        (check_transpose_output, lambda X, H: transpose_output(X.clone(), H), "mha_tutorial.transpose_output"),
+    ],
+)
+def test_the_package_functions_are_refused(check, fn, words):
+    with pytest.raises(CheckFailed, match="write that step yourself") as info:
+        check(fn)
+    assert words in str(info.value)
+
+
+def average_right(weights, num_heads):
+    return weights.unflatten(0, (-1, num_heads)).mean(dim=1)  # (B*H, Q, K) -> (B, H, Q, K) -> (B, Q, K)
+
+
+def test_average_heads_accepts_the_right_answer(capsys):
+    check_average_heads(average_right)
+    assert "✓ check_average_heads: passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda w, H: w.reshape(H, -1, *w.shape[1:]).mean(dim=0), "head-major"),
+        (lambda w, H: w.unflatten(0, (-1, H)).sum(dim=1), "summed the heads"),
+        (lambda w, H: w.unflatten(0, (-1, H)).mean(dim=0), "averaged over the examples"),
+        (lambda w, H: w.unflatten(0, (-1, H)).mean(dim=2), "averaged over the queries"),
+        (lambda w, H: w.unflatten(0, (-1, H))[:, 0], "wrong values"),
+    ],
+)
+def test_average_heads_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_average_heads(wrong)
     assert words in str(info.value)

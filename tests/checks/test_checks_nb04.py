@@ -14,6 +14,8 @@ from mha_tutorial.checks import (
     check_head_off,
     check_mha_forward,
     check_num_params,
+    check_peak_prediction,
+    check_torch_mha_params,
 )
 from mha_tutorial.checks.nb04 import _forward_cases, _variant
 
@@ -226,3 +228,168 @@ def test_checks_that_seed_leave_the_global_rng_alone(capsys):
     before = torch.random.get_rng_state()
     check_mha_forward(mha_right)
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+# ------------------------------------------------ gaming attempts: the package's own implementation is refused
+
+
+def mha_via_class_forward(net, queries, keys, values, valid_lens=None):
+    return MultiHeadAttention.forward(net, queries, keys, values, valid_lens)  # skips _NoForward.forward
+
+
+def mha_via_fresh_module(net, queries, keys, values, valid_lens=None):
+    sizes = dict(query_size=net.W_q.in_features, key_size=net.W_k.in_features, value_size=net.W_v.in_features)
+    fresh = MultiHeadAttention(net.num_hiddens, net.num_heads, bias=net.W_o.bias is not None, **sizes)
+    fresh.load_state_dict(net.state_dict())
+    return fresh(queries, keys, values, valid_lens)
+
+
+def mha_via_inner_attention(net, queries, keys, values, valid_lens=None):
+    H = net.num_heads
+    q, k, v = (transpose_qkv(W(x), H) for W, x in ((net.W_q, queries), (net.W_k, keys), (net.W_v, values)))
+    if valid_lens is not None:
+        valid_lens = torch.repeat_interleave(valid_lens, H, dim=0)
+    return net.W_o(transpose_output(net.attention(q, k, v, valid_lens), H))
+
+
+@pytest.mark.parametrize("gamed", [mha_via_class_forward, mha_via_fresh_module, mha_via_inner_attention])
+def test_mha_forward_refuses_the_package_implementation(gamed):
+    with pytest.raises(CheckFailed) as info:
+        check_mha_forward(gamed)
+    assert "ran the package's attention" in str(info.value)
+    # the refusal is undone afterwards: the package's layer works again
+    net = MultiHeadAttention(8, 2)
+    x = torch.randn(1, 3, 8)
+    assert net(x, x, x).shape == (1, 3, 8)
+
+
+def params_by_building(num_hiddens, num_heads, bias, query_size=None, key_size=None, value_size=None):
+    net = MultiHeadAttention(num_hiddens, num_heads, bias=bias, query_size=query_size, key_size=key_size,
+                             value_size=value_size)  # fmt: skip
+    return sum(p.numel() for p in net.parameters())
+
+
+def test_num_params_refuses_building_the_module():
+    with pytest.raises(CheckFailed) as info:
+        check_num_params(params_by_building)
+    assert "built a module" in str(info.value)
+    assert isinstance(torch.nn.Linear(2, 2), torch.nn.Module)  # the refusal is undone afterwards
+
+
+def torch_params_right(embed_dim, num_heads, bias=True, add_bias_kv=False, kdim=None, vdim=None):
+    E, k, v = embed_dim, kdim or embed_dim, vdim or embed_dim
+    return E * (E + k + v) + E * E + (4 * E if bias else 0) + (2 * E if add_bias_kv else 0)
+
+
+def test_torch_mha_params_reference_matches_pytorch_on_buildable_sizes():
+    from mha_tutorial.checks.nb04 import _TORCH_PARAM_CASES, _torch_mha_count
+
+    for kwargs in _TORCH_PARAM_CASES:
+        if kwargs["embed_dim"] > 64:
+            continue
+        built = torch.nn.MultiheadAttention(**kwargs)
+        assert _torch_mha_count(**kwargs) == sum(p.numel() for p in built.parameters()), kwargs
+
+
+def test_torch_mha_params_accepts_right_answer(capsys):
+    check_torch_mha_params(torch_params_right)
+    assert "✓ check_torch_mha_params: passed on 6 cases" in capsys.readouterr().out
+
+
+def torch_params_by_building(embed_dim, num_heads, bias=True, add_bias_kv=False, kdim=None, vdim=None):
+    layer = torch.nn.MultiheadAttention(embed_dim, num_heads, bias=bias, add_bias_kv=add_bias_kv, kdim=kdim, vdim=vdim,
+                                        device="meta")  # fmt: skip
+    return sum(p.numel() for p in layer.parameters())
+
+
+def _torch_wrong(change):
+    def fn(embed_dim, num_heads, bias=True, add_bias_kv=False, kdim=None, vdim=None):
+        return change(embed_dim, num_heads, bias, add_bias_kv, kdim or embed_dim, vdim or embed_dim)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (torch_params_by_building, "built a module"),
+        (_torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, b, False, k, v)), "forgot bias_k and bias_v"),
+        (
+            _torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, b, False, k, v) + (k + v if x else 0)),
+            "embed_dim numbers, not kdim",
+        ),  # fmt: skip
+        (_torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, True, x, k, v)), "with bias=False"),
+        (_torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, False, x, k, v)), "forgot the biases"),
+        (
+            _torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, b, x, k, v) - (E if b else 0)),
+            "forgot out_proj.bias",
+        ),  # fmt: skip
+        (_torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, b, x, E, E)), "ignored kdim / vdim"),
+        (_torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, b, x, k, v) - E * E), "forgot out_proj"),
+        (
+            _torch_wrong(lambda E, H, b, x, k, v: 4 * H * (E // H) ** 2 + (4 * E if b else 0) + (2 * E if x else 0)),
+            "d x d block per head",
+        ),
+        (_torch_wrong(lambda E, H, b, x, k, v: float(torch_params_right(E, H, b, x, k, v))), "as an int"),
+        (_torch_wrong(lambda E, H, b, x, k, v: torch_params_right(E, H, b, x, k, v) + 1), "got"),
+    ],
+)
+def test_torch_mha_params_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_torch_mha_params(wrong)
+    assert words in str(info.value)
+
+
+# ------------------------------------------------ notebook 04a: predict the peak memory before measuring
+
+
+def peak_right(batch, heads, seq):
+    return 3 * 4 * batch * heads * seq**2 / 2**20  # three (B, H, T, T) float32 tensors
+
+
+def peak_by_measuring(batch, heads, seq):
+    from mha_tutorial.checks.nb04 import measured_peak_mib
+
+    return measured_peak_mib(batch, heads, seq)
+
+
+def test_peak_prediction_accepts_the_three_tensor_estimate(capsys):
+    check_peak_prediction(peak_right)
+    assert "✓ check_peak_prediction: passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda B, H, T: peak_right(B, H, T) / 3, "counted one"),
+        (lambda B, H, T: peak_right(B, H, T) * 2**20, "that is bytes"),
+        (lambda B, H, T: peak_right(B, H, T) * 2, "8 bytes per number"),
+        (lambda B, H, T: peak_right(B, H, T) / H, "heads are missing"),
+        (lambda B, H, T: peak_right(B, H, T) * 1.5, "more than 12% apart"),
+        (lambda B, H, T: str(peak_right(B, H, T)), "return a number"),
+        (peak_by_measuring, "measured the peak instead of predicting"),
+    ],
+)
+def test_peak_prediction_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_peak_prediction(wrong)
+    assert words in str(info.value)
+
+
+def off_via_class_forward(net, X, h):
+    gates = torch.ones(net.num_heads)
+    gates[h] = 0
+    return MultiHeadAttention.forward(net, X, X, X, head_mask=gates)  # skips _NoHeadMask.forward
+
+
+def off_via_positional_head_mask(net, X, h):
+    gates = torch.ones(net.num_heads)
+    gates[h] = 0
+    return MultiHeadAttention.forward(net, X, X, X, None, None, gates)
+
+
+@pytest.mark.parametrize("gamed", [off_via_class_forward, off_via_positional_head_mask])
+def test_head_off_refuses_head_mask_however_called(gamed):
+    with pytest.raises(CheckFailed) as info:
+        check_head_off(gamed)
+    assert "without head_mask" in str(info.value)

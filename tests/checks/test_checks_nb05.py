@@ -14,6 +14,7 @@ from mha_tutorial.checks import (
     check_decoder_mask,
     check_greedy_decode,
     check_masked_loss_and_accuracy,
+    check_to_torch_attention,
 )
 from mha_tutorial.checks.nb05 import _loss_cases, reference_decoder_mask
 from mha_tutorial.tasks import get_task, load_split
@@ -338,3 +339,115 @@ def test_greedy_decode_names_mistakes(wrong, words):
 
 
 # ---------------------------------------------------------------- all three
+
+
+# ---------------------------------------------------------------- notebook 05a: our attention in PyTorch's layer
+
+
+def to_torch_right(ours):
+    from mha_tutorial.checks.nb05 import _to_torch
+
+    return _to_torch(ours)
+
+
+def to_torch_written_out(ours):
+    bias = ours.W_q.bias is not None
+    layer = torch.nn.MultiheadAttention(
+        ours.num_hiddens,
+        ours.num_heads,
+        bias=bias,
+        kdim=ours.W_k.in_features,
+        vdim=ours.W_v.in_features,
+        batch_first=True,
+    )
+    with torch.no_grad():
+        if layer.in_proj_weight is not None:
+            layer.in_proj_weight.copy_(torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight]))
+        else:
+            layer.q_proj_weight.copy_(ours.W_q.weight)
+            layer.k_proj_weight.copy_(ours.W_k.weight)
+            layer.v_proj_weight.copy_(ours.W_v.weight)
+        layer.out_proj.weight.copy_(ours.W_o.weight)
+        if bias:
+            layer.in_proj_bias.copy_(torch.cat([ours.W_q.bias, ours.W_k.bias, ours.W_v.bias]))
+            layer.out_proj.bias.copy_(ours.W_o.bias)
+    return layer
+
+
+def test_to_torch_attention_accepts_right_answers(capsys):
+    check_to_torch_attention(to_torch_right)
+    check_to_torch_attention(to_torch_written_out)
+    assert "✓ check_to_torch_attention: passed on 3 cases" in capsys.readouterr().out
+
+
+def to_torch_stacked_only(ours):
+    layer = torch.nn.MultiheadAttention(ours.num_hiddens, ours.num_heads, batch_first=True)
+    with torch.no_grad():
+        layer.in_proj_weight.copy_(torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight]))
+    return layer
+
+
+class Wrapper(torch.nn.MultiheadAttention):
+    pass
+
+
+def to_torch_calls_ours(ours):
+    layer = to_torch_right(ours)
+    layer.forward = lambda q, k, v, key_padding_mask=None, need_weights=True: (ours(q, k, v), None)
+    return layer
+
+
+def to_torch_subclass(ours):
+    return Wrapper(ours.num_hiddens, ours.num_heads, batch_first=True)
+
+
+def _switched(**switches):
+    from mha_tutorial.checks.nb05 import _to_torch
+
+    return lambda ours: _to_torch(ours, **switches)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (
+            lambda ours: _switched(swap_kv=ours.W_k.in_features == ours.W_v.in_features)(ours),
+            "keys and values swapped",
+        ),
+        (_switched(in_bias=False), "forgot the input biases"),
+        (_switched(out_bias=False), "forgot out_proj.bias"),
+        (_switched(batch_first=False), "batch_first=True"),
+        (to_torch_stacked_only, "no in_proj_weight"),
+        (to_torch_calls_ours, "forward was replaced"),
+        (to_torch_subclass, "return an nn.MultiheadAttention"),
+        (
+            lambda ours: torch.nn.MultiheadAttention(
+                ours.num_hiddens, ours.num_heads, batch_first=True, kdim=ours.W_k.in_features, vdim=ours.W_v.in_features
+            ),
+            "differ from our layer's",
+        ),  # fmt: skip
+    ],
+)
+def test_to_torch_attention_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_to_torch_attention(wrong)
+    assert words in str(info.value)
+
+
+def greedy_via_class(model, src, src_valid_lens, num_steps, bos_id):
+    from mha_tutorial.model import TransformerEncoderDecoder
+
+    return TransformerEncoderDecoder.greedy_decode(model, src, num_steps, bos_id, src_valid_lens)
+
+
+def greedy_via_predict(model, src, src_valid_lens, num_steps, bos_id):
+    from mha_tutorial.task_base import Batch
+
+    return get_task("dates").predict(model, Batch(src=src, valid_lens=src_valid_lens))[:, :num_steps]
+
+
+@pytest.mark.parametrize("gamed", [greedy_via_class, greedy_via_predict])
+def test_greedy_decode_refuses_the_package_loop(gamed):
+    with pytest.raises(CheckFailed) as info:
+        check_greedy_decode(gamed)
+    assert "greedy_decode" in str(info.value)
