@@ -189,7 +189,8 @@ def iterative_importance_order(
     """Mask the least important head, recompute importance with it masked, repeat.
 
     With ``normalize`` each recomputation is normalised per layer, which makes the weakest
-    remaining head of every layer look small; the optional notebook 07a shows when that hurts.
+    remaining head of every layer look small; notebook 07 shows one cost of normalising (on dates it hides that
+    some layers matter little).
     """
     L, H = _sizes(model)
     device = next(model.parameters()).device

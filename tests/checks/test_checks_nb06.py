@@ -69,6 +69,13 @@ def test_entropy_check_accepts_right_answers(fn, capsys):
     assert "✓ check_normalized_entropy: passed on 5 cases" in capsys.readouterr().out
 
 
+def test_the_package_implementations_are_refused():
+    with pytest.raises(CheckFailed, match="head_stats.normalized_entropy"):
+        check_normalized_entropy(head_stats.normalized_entropy)
+    with pytest.raises(CheckFailed, match="head_stats.normalized_entropy"):
+        check_normalized_entropy(lambda w, keep: head_stats.normalized_entropy(w, keep))
+
+
 @pytest.mark.parametrize("fn", [previous_right, previous_loops])
 def test_previous_token_check_accepts_right_answers_and_reports_the_head(fn, capsys):
     check_previous_token_score(fn)

@@ -95,8 +95,12 @@ def importance_edits_model(model, task_name, examples, layer):
 
 def test_head_importance_accepts_right_answers(capsys):
     check_head_importance(importance_right)
-    check_head_importance(importance_via_package)
     assert "✓ check_head_importance: passed on 3 cases" in capsys.readouterr().out
+
+
+def test_head_importance_refuses_the_package_implementation():
+    with pytest.raises(CheckFailed, match="pruning.gradient_importance"):
+        check_head_importance(importance_via_package)
 
 
 def test_every_named_importance_mistake_differs_from_the_right_answer():
@@ -153,7 +157,8 @@ def order_right(scores):
 
 
 def order_descending(scores):
-    return pruning.order_from_scores(scores, ascending=False)
+    L, H = scores.shape
+    return [(int(i) // H, int(i) % H) for i in torch.argsort(scores.flatten(), descending=True, stable=True)]
 
 
 def order_reverse_sorted(scores):  # descending with ties in reverse position order
@@ -185,9 +190,15 @@ def order_missing_one(scores):
 
 def test_pruning_order_accepts_right_answers(capsys):
     check_pruning_order(order_right)
-    check_pruning_order(pruning.order_from_scores)
     check_pruning_order(lambda s: torch.tensor(order_right(s)))  # an (N, 2) tensor is fine
-    assert capsys.readouterr().out.count("✓ check_pruning_order: passed on 4 cases") == 3
+    assert capsys.readouterr().out.count("✓ check_pruning_order: passed on 4 cases") == 2
+
+
+def test_pruning_order_refuses_the_package_implementation():
+    with pytest.raises(CheckFailed, match="pruning.order_from_scores"):
+        check_pruning_order(pruning.order_from_scores)
+    with pytest.raises(CheckFailed, match="pruning.order_from_scores"):
+        check_pruning_order(lambda s: pruning.order_from_scores(s.clone()))
 
 
 def test_order_cases_have_ties_and_non_square_shapes():
