@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed
+from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed, refusing
 
 __all__ = ["check_masked_mean_pool", "check_sep_share", "check_accuracy_at_1"]
 
@@ -137,10 +137,13 @@ def check_masked_mean_pool(fn) -> None:
     batch, hidden, _ = _real_batch()
     real = "all-MiniLM-L6-v2's last hidden states, 5 sentences of the paraphrase data padded to one batch"
     cases.append((hidden, batch.attention_mask, real))
+    from ..bert import mean_pool  # the package's own pooling: the exercise is to write it
+
     for h, mask, case in cases:
         B, T, d = h.shape
         inputs = [h.clone(), mask.clone()]
-        actual = call(fn, *inputs, case=case)
+        with refusing({mean_pool: "mha_tutorial.bert.mean_pool"}):
+            actual = call(fn, *inputs, case=case)
         _unchanged([h, mask], inputs, case)
         axes = {
             (B, T): "one value per token: that is a mean over the features; average over the tokens (dim 1)",
@@ -293,6 +296,11 @@ def _accuracy_mistakes(queries: torch.Tensor, candidates: torch.Tensor):
         (cos.argmin(1) == target).double().mean().item(),
     )
     yield (
+        "two mistakes at once: raw dot products of rows that are not unit length, and the argmax over dim 0 (for "
+        "each candidate its nearest query). Normalise the rows (F.normalize), then take the argmax over dim 1",
+        (dot.argmax(0) == target).double().mean().item(),
+    )
+    yield (
         "nearest by Euclidean distance between vectors that are not unit length; compare by cosine similarity",
         (torch.cdist(q, c).argmin(1) == target).double().mean().item(),
     )
@@ -344,9 +352,12 @@ def check_accuracy_at_1(fn) -> None:
     sentences, paraphrases = _real_embeddings()
     real = f"all-MiniLM-L6-v2 embeddings of the first {len(sentences)} pairs of the paraphrase data"
     cases.append((sentences, paraphrases, real))
+    from ..retrieval import _scores  # the package's accuracy@1 of unit embeddings: the exercise is to write it
+
     for q, c, case in cases:
         inputs = [q.clone(), c.clone()]
-        actual = _as_fraction(call(fn, *inputs, case=case), case)
+        with refusing({_scores: "mha_tutorial.retrieval's own accuracy@1 (retrieval._scores)"}):
+            actual = _as_fraction(call(fn, *inputs, case=case), case)
         _unchanged([q, c], inputs, case)
         expected = _accuracy_reference(q, c)
         if abs(actual - expected) < 1e-6:  # float32 means of hits are exact to about 1e-7
