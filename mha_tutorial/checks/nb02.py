@@ -196,6 +196,12 @@ _FP16_HINT = (
     "Use torch.finfo(scores.dtype).min, which exists in every floating dtype"
 )
 
+_TWO_D_HINT = (
+    "\nHint: here valid_lens is 2-D, (B, Q): it already has the query axis, so it needs *fewer* new axes, "
+    "not more: only the key axis, valid_lens[..., None] of shape (B, Q, 1). valid_lens[:, None, None] suits "
+    "1-D lengths only"
+)
+
 
 def _expect_empty_rows_zero(actual_f, scores, keep, case: str) -> None:
     """No NaN or inf anywhere, and a row that sees no key is zeros (not NaN, not uniform)."""
@@ -258,7 +264,7 @@ def check_masked_softmax(my_masked_softmax) -> None:
     """``my_masked_softmax(scores, valid_lens)``: zeros on padded keys, zero rows when nothing is visible."""
     cases = _masked_softmax_cases()
     for case, scores, valid_lens in cases:
-        hint = _FP16_HINT if scores.dtype != torch.float32 else ""
+        hint = _FP16_HINT if scores.dtype != torch.float32 else _TWO_D_HINT if valid_lens.dim() == 2 else ""
         with refusing(_PACKAGE_MASKED_SOFTMAX):
             actual = call(my_masked_softmax, scores.clone(), valid_lens.clone(), case=case, hint=hint)
         actual = expect_tensor(actual, case)

@@ -131,6 +131,11 @@ def upcasts(scores, valid_lens):
     return masked_softmax_right(scores.float(), valid_lens)
 
 
+def two_none_axes_always(scores, valid_lens):
+    # valid_lens[:, None, None] is right for 1-D lengths but gives 2-D lengths one axis too many
+    return _zeroed_softmax(scores, torch.arange(scores.shape[-1]) < valid_lens[:, None, None])
+
+
 @pytest.mark.parametrize(
     "fn, fragment",
     [
@@ -142,6 +147,7 @@ def upcasts(scores, valid_lens):
         (additive_inf_where, "gradient contains NaN"),
         (small_negative_fill, "non-zero weight"),
         (upcasts, "keep the dtype"),
+        (two_none_axes_always, "valid_lens[..., None]"),
     ],
 )
 def test_masked_softmax_mistakes_are_named(fn, fragment):
