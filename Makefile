@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The core notebooks (NN_name) and the optional deep dives linked from them (NNa_name), in series order.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9][a-z]_*.ipynb))
 NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sanitize.cfg
-# Perturbed numerics for `make nbval`, each a code path `make outputs` does not take (it runs as the machine chooses):
+# Perturbed numerics for `make nbval`, each a code path `make outputs` does not take (it runs with the machine's kernels, 2 threads):
 # ATen's scalar kernels instead of its AVX2/AVX-512 ones, MKL's conditional-numerical-reproducibility branch for
 # compatible CPUs, and one thread. Each moves float32 rounding (sums of products land in other orders).
 NUMERICS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -83,11 +83,11 @@ nbval: install
 	JUPYTER_PATH="$$d/env/share/jupyter" $(NUMERICS) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) *.ipynb
 
 ## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does, with the
-## machine's own kernels and threads: `make nbval` then checks them on other code paths),
+## machine's own kernels and two threads: `make nbval` then checks them on other code paths and one thread),
 ## then drop the per-cell timestamps that would make every re-run a diff. `make outputs NOTEBOOKS=notebooks/07_*.ipynb`
 ## refreshes one.
 outputs: install
-	CUDA_VISIBLE_DEVICES= $(VENV)/bin/jupyter execute --inplace $(NOTEBOOKS)
+	CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 $(VENV)/bin/jupyter execute --inplace $(NOTEBOOKS)
 	$(PY) tools/hygiene.py --strip $(NOTEBOOKS)
 
 clean:

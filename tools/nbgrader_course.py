@@ -3,7 +3,7 @@
     python tools/nbgrader_course.py --out build/nbgrader notebooks/*.ipynb
 
 writes ``build/nbgrader/nbgrader_config.py`` and ``build/nbgrader/source/<stem>/<stem>.ipynb`` for every notebook
-that has exercises (the optional deep dives have none and are skipped). Each source notebook is the student
+that has exercises (a notebook without any is skipped). Each source notebook is the student
 edition of ``tools/student.py`` (no Solutions section, outputs cleared) with two changes:
 
 * each learner's stub becomes an nbgrader answer cell: the stub as it is, with the body of the matching worked
