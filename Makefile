@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The core notebooks (NN_name) and the optional deep dives linked from them (NNa_name), in series order.
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9][a-z]_*.ipynb))
+# The worked solutions: one companion per lesson with exercises (NN_solutions), linked from the lesson's last cell.
+SOLUTIONS := $(sort $(wildcard notebooks/solutions/*_solutions.ipynb))
 NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sanitize.cfg
 # Perturbed numerics for `make nbval`, each a code path `make outputs` does not take (it runs with the machine's kernels, 2 threads):
 # ATen's scalar kernels instead of its AVX2/AVX-512 ones, MKL's conditional-numerical-reproducibility branch for
@@ -34,8 +36,9 @@ lab: install
 ## Execute every notebook headless into build/notebooks/ (on the GPU when there is one), timing each one
 ## (build/notebooks/timings.json), then build the site from them: build/site/index.html.
 run: install
-	rm -rf build/notebooks && mkdir -p build/notebooks && cp $(NOTEBOOKS) build/notebooks/
-	$(PY) tools/run_notebooks.py $(addprefix build/,$(NOTEBOOKS))
+	rm -rf build/notebooks && mkdir -p build/notebooks/solutions && cp $(NOTEBOOKS) build/notebooks/
+	cp $(SOLUTIONS) build/notebooks/solutions/
+	$(PY) tools/run_notebooks.py $(addprefix build/,$(NOTEBOOKS) $(SOLUTIONS))
 	$(PY) tools/build_site.py --notebooks build/notebooks --out build/site
 
 ## Build the site (Sphinx) into build/site/: from build/notebooks/ when `make run` executed them there, else
@@ -43,12 +46,13 @@ run: install
 site: install
 	$(PY) tools/build_site.py --notebooks $(if $(wildcard build/notebooks/*.ipynb),build/notebooks,notebooks) --out build/site
 
-## Write the student edition to build/student/: the notebooks without their Solutions sections.
+## Write the student edition to build/student/: the lessons with their outputs cleared (the worked solutions are in
+## the companions, notebooks/solutions/, which it leaves out).
 student: install
 	$(PY) tools/student.py --out build/student $(NOTEBOOKS)
 
-## Write an nbgrader course to build/nbgrader/: one assignment per notebook with exercises, the solutions marked for
-## generate_assignment, each check a locked test cell worth 1 point that runs strict (see docs/teaching.md).
+## Write an nbgrader course to build/nbgrader/: one assignment per notebook with exercises, its companion's solutions
+## marked for generate_assignment, each check a locked test cell worth 1 point that runs strict (see docs/teaching.md).
 nbgrader: install
 	$(PY) tools/nbgrader_course.py --out build/nbgrader $(NOTEBOOKS)
 
@@ -57,18 +61,18 @@ nbgrader: install
 test: lint
 	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j3 --output-sync=target unit nbval-first nbval-last
 
-# The two halves of `make nbval` for `make test`, of about equal running time: 01-06, then 07 on (07 and 09 take
-# the longest).
+# The two halves of `make nbval` for `make test`, of about equal running time: 01-06 with every companion of
+# solutions (they are fast), then 07 on (07 and 09 take the longest).
 LATE := $(filter notebooks/07% notebooks/08% notebooks/09% notebooks/1%,$(NOTEBOOKS))
 nbval-first: install
 	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(filter-out $(LATE),$(NOTEBOOKS))"
 nbval-last: install
-	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(LATE)"
+	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(LATE)" SOLUTIONS=
 
 lint: install
 	$(VENV)/bin/ruff check mha_tutorial tests notebooks tools
 	$(VENV)/bin/ruff format --check mha_tutorial tests notebooks tools
-	$(PY) tools/hygiene.py $(NOTEBOOKS)
+	$(PY) tools/hygiene.py $(NOTEBOOKS) $(SOLUTIONS)
 
 unit: install
 	$(PY) -m pytest -q tests
@@ -79,16 +83,16 @@ unit: install
 ## as another CPU computes them: every committed output must survive float32 rounding that moves.
 nbval: install
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(PY) tools/wheel_env.py "$$d/env" >/dev/null && \
-	mkdir "$$d/notebooks" && cp $(NOTEBOOKS) notebooks/nbval_sanitize.cfg "$$d/notebooks/" && cd "$$d/notebooks" && \
+	mkdir "$$d/notebooks" && cp $(NOTEBOOKS) $(SOLUTIONS) notebooks/nbval_sanitize.cfg "$$d/notebooks/" && cd "$$d/notebooks" && \
 	JUPYTER_PATH="$$d/env/share/jupyter" $(NUMERICS) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) *.ipynb
 
 ## Re-execute the notebooks in place to refresh their committed outputs (run on the CPU, as CI does, with the
 ## machine's own kernels and two threads: `make nbval` then checks them on other code paths and one thread),
-## then drop the per-cell timestamps that would make every re-run a diff. `make outputs NOTEBOOKS=notebooks/07_*.ipynb`
-## refreshes one.
+## then drop the per-cell timestamps that would make every re-run a diff. `make outputs NOTEBOOKS=notebooks/07_*.ipynb
+## SOLUTIONS=` refreshes one lesson.
 outputs: install
-	CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 $(VENV)/bin/jupyter execute --inplace $(NOTEBOOKS)
-	$(PY) tools/hygiene.py --strip $(NOTEBOOKS)
+	CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 $(VENV)/bin/jupyter execute --inplace $(NOTEBOOKS) $(SOLUTIONS)
+	$(PY) tools/hygiene.py --strip $(NOTEBOOKS) $(SOLUTIONS)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

@@ -7,8 +7,9 @@ The script assembles a Sphinx source tree (in build/site-work/source/) and build
 with the configuration in tools/site/conf.py:
 
 - the notebooks in series order (core notebooks, each followed by its deep dive), rendered with the
-  outputs they have: nothing is executed again. Their solution cells are folded: in the copies, every
-  cell tagged ``solution`` also gets myst-nb's ``hide-input`` tag (the committed notebooks are not touched);
+  outputs they have: nothing is executed again. Each lesson with exercises is followed by its companion of
+  worked solutions (``notebooks/solutions/NN_solutions.ipynb``), which its last cell links to: a lesson's page
+  shows no solution;
 - the landing page: the README's series section, with each notebook's time to run when the folder holds
   the ``timings.json`` that tools/run_notebooks.py writes (and no such column when it does not);
 - the teaching guide (docs/teaching.md) and an API reference that autodoc generates from the docstrings.
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: import tools.series
 
 from tools.run_notebooks import TIMINGS  # noqa: E402
-from tools.series import ROOT, series_notebooks  # noqa: E402
+from tools.series import ROOT, companion, series_notebooks  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parent / "site"
 API_MODULES = [
@@ -58,19 +59,15 @@ API_MODULES = [
     "checks",
     "device",
 ]
-SOLUTION_PROMPTS = {"code_prompt_show": "Show the solution", "code_prompt_hide": "Hide the solution"}
 LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)")
 
 
-def fold_solutions(source: Path, target: Path) -> None:
-    """Copy a notebook; its cells tagged ``solution`` get the ``hide-input`` tag and "Show the solution" prompts."""
-    nb = json.loads(source.read_text(encoding="utf-8"))
-    for cell in nb["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if "solution" in tags and "hide-input" not in tags:
-            cell["metadata"]["tags"] = [*tags, "hide-input"]
-            cell["metadata"].setdefault("mystnb", {}).update(SOLUTION_PROMPTS)
-    target.write_text(json.dumps(nb, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+def pages(notebook_dir: Path) -> list[Path]:
+    """The notebooks of the site in reading order: each lesson, then its companion of solutions when it has one."""
+    found = []
+    for lesson in series_notebooks(notebook_dir):
+        found += [lesson, *[c for c in [companion(lesson)] if c.exists()]]
+    return found
 
 
 def read_timings(folder: Path) -> dict[str, float]:
@@ -127,7 +124,7 @@ def index_page(source: Path, names: list[str], timings: dict[str, float]) -> Non
     """The landing page: the README's series section, and the side navigation of the whole site."""
     page = with_timings(series_section((ROOT / "README.md").read_text(encoding="utf-8")), timings)
     page += "\nReference: the [teaching guide](docs/teaching.md) and the [`mha_tutorial` API](api.rst).\n\n"
-    page += toctree("The series", [f"notebooks/{Path(name).stem}" for name in names])
+    page += toctree("The series", [f"notebooks/{Path(name).with_suffix('').as_posix()}" for name in names])
     page += "\n" + toctree("Reference", ["docs/teaching", "api"])
     (source / "index.md").write_text(unlink_missing(page, source / "index.md", source), encoding="utf-8")
 
@@ -147,15 +144,16 @@ def assemble(notebook_dir: Path, source: Path) -> list[str]:
     shutil.rmtree(source, ignore_errors=True)
     (source / "notebooks").mkdir(parents=True)
     (source / "docs").mkdir()
-    notebooks = series_notebooks(notebook_dir)
+    notebooks = pages(notebook_dir)
     if not notebooks:
         raise SystemExit(f"no notebooks of the series in {notebook_dir}")
+    (source / "notebooks" / "solutions").mkdir()
     for path in notebooks:
-        fold_solutions(path, source / "notebooks" / path.name)
+        shutil.copyfile(path, source / "notebooks" / path.relative_to(notebook_dir))
     guide = source / "docs" / "teaching.md"
     guide.write_text(unlink_missing((ROOT / "docs" / "teaching.md").read_text(encoding="utf-8"), guide, source))
     api_page(source)
-    names = [path.name for path in notebooks]
+    names = [path.relative_to(notebook_dir).as_posix() for path in notebooks]
     index_page(source, names, read_timings(notebook_dir))
     return names
 

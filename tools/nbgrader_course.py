@@ -4,7 +4,8 @@
 
 writes ``build/nbgrader/nbgrader_config.py`` and ``build/nbgrader/source/<stem>/<stem>.ipynb`` for every notebook
 that has exercises (a notebook without any is skipped). Each source notebook is the student
-edition of ``tools/student.py`` (no Solutions section, outputs cleared) with two changes:
+edition of ``tools/student.py`` (the lesson, outputs cleared) with two changes, the worked solutions coming from the
+lesson's companion notebook ``notebooks/solutions/NN_solutions.ipynb`` (tools/series.py ``companion``):
 
 * each learner's stub becomes an nbgrader answer cell: the stub as it is, with the body of the matching worked
   solution inserted between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` right after the signature and
@@ -18,7 +19,7 @@ edition of ``tools/student.py`` (no Solutions section, outputs cleared) with two
 
 A solution belongs to the exercise whose stub defines a function of the same name, and both must be followed by
 the same check; anything else (a name defined twice, a solution without an exercise, different signatures) is
-refused with a ValueError rather than guessed.
+refused with a ValueError rather than guessed, and so is a lesson that holds a solution cell itself.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
-    from tools.student import has_tag, solutions_start, student_edition
+    from tools.series import companion
+    from tools.student import has_tag, student_edition
 except ModuleNotFoundError:  # run as a script, with tools/ itself on sys.path
-    from student import has_tag, solutions_start, student_edition
+    from series import companion
+    from student import has_tag, student_edition
 
 COURSE_ID = "mha-tutorial"
 POINTS = 1  # per exercise: every check is pass or fail, and no exercise is worth several others
@@ -127,18 +130,20 @@ def answer_source(stub: Function, solution: Function) -> str:
     return source
 
 
-def pair_exercises(nb) -> list[tuple[int, int]]:
-    """(stub cell, solution cell) index pairs in exercise order, matched by the name of the function they define."""
-    start = solutions_start(nb)
-    stubs = _by_name(nb, [i for i in range(start) if has_tag(nb.cells[i], "exercise")], "exercise")
-    solutions = _by_name(nb, [i for i in range(start, len(nb.cells)) if has_tag(nb.cells[i], "solution")], "solution")
+def pair_exercises(nb, solved) -> list[tuple[int, int]]:
+    """(stub cell of the lesson ``nb``, solution cell of its companion ``solved``) index pairs in exercise order,
+    matched by the name of the function they define."""
+    stubs = _by_name(nb, [i for i, c in enumerate(nb.cells) if has_tag(c, "exercise")], "exercise")
+    early = [i for i, c in enumerate(nb.cells) if has_tag(c, "solution")]
+    if early:
+        raise ValueError(f"cells {early} of the lesson are tagged 'solution': solutions belong in its companion")
+    solutions = _by_name(solved, [i for i, c in enumerate(solved.cells) if has_tag(c, "solution")], "solution")
     if stubs.keys() != solutions.keys():
         missing, extra = sorted(stubs.keys() - solutions.keys()), sorted(solutions.keys() - stubs.keys())
         raise ValueError(f"exercises without a solution: {missing}; solutions without an exercise: {extra}")
     pairs = [(i, solutions[name]) for name, i in stubs.items()]
     for i, j in pairs:
-        check = _check_after(nb, i)
-        if check != _check_after(nb, j):
+        if _check_after(nb, i) != _check_after(solved, j):
             raise ValueError(f"cells {i} and {j} (exercise and solution) are not followed by the same check")
     return pairs
 
@@ -167,14 +172,19 @@ def nbgrader_metadata(grade_id: str, answer: bool) -> dict:
     return meta if answer else meta | {"points": POINTS}
 
 
-def assignment(nb):
-    """The nbgrader source notebook of one notebook of the series: (notebook, number of exercises)."""
-    pairs = pair_exercises(nb)
-    source, _ = student_edition(nb)  # the cells before the Solutions section, outputs cleared
+def assignment(nb, solved):
+    """The nbgrader source notebook of one lesson ``nb`` and its companion ``solved``: (notebook, number of
+    exercises). A lesson without exercises needs no companion (``solved`` may be None)."""
+    if solved is None:
+        if any(has_tag(c, "exercise") for c in nb.cells):
+            raise ValueError("a lesson with exercises needs its companion notebook of worked solutions")
+        solved = type(nb)(cells=[])
+    pairs = pair_exercises(nb, solved)
+    source, _ = student_edition(nb)  # the lesson, outputs cleared
     for number, (i, j) in enumerate(pairs, start=1):
         stub = parse_function(nb.cells[i].source, f"cell {i}")
         answer, check = source.cells[i], source.cells[i + 1]
-        answer.source = answer_source(stub, parse_function(nb.cells[j].source, f"cell {j}"))
+        answer.source = answer_source(stub, parse_function(solved.cells[j].source, f"solution cell {j}"))
         answer.metadata["nbgrader"] = nbgrader_metadata(f"ex{number}_{stub.name}", answer=True)
         check.source = STRICT_PREFIX + check.source
         check.metadata["nbgrader"] = nbgrader_metadata(f"ex{number}_{stub.name}_check", answer=False)
@@ -189,7 +199,9 @@ def write_course(out: Path, paths: list[Path]) -> list[Path]:
     (out / "nbgrader_config.py").write_text(CONFIG)
     written = []
     for path in paths:
-        nb, count = assignment(nbformat.read(path, as_version=4))
+        solutions = companion(path)
+        solved = nbformat.read(solutions, as_version=4) if solutions.exists() else None
+        nb, count = assignment(nbformat.read(path, as_version=4), solved)
         if not count:
             print(f"{path.name}: no exercises, not an assignment")
             continue

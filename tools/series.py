@@ -14,3 +14,17 @@ def series_notebooks(folder: Path = ROOT / "notebooks") -> list[Path]:
     """
     found = [*folder.glob("[0-9][0-9]_*.ipynb"), *folder.glob("[0-9][0-9][a-z]_*.ipynb")]
     return sorted(found, key=lambda p: p.name)
+
+
+def companion(lesson: Path) -> Path:
+    """The companion notebook holding the worked solutions of a lesson: ``solutions/NN_solutions.ipynb`` beside it.
+
+    NN is the lesson's prefix (``03`` for 03_splitting_heads.ipynb, ``01a`` for 01a_softmax_jacobian.ipynb). The
+    path is returned whether or not the file exists: a lesson without exercises has no companion.
+    """
+    return lesson.parent / "solutions" / f"{lesson.name.split('_')[0]}_solutions.ipynb"
+
+
+def companions(folder: Path = ROOT / "notebooks") -> list[Path]:
+    """The companions of the lessons in ``folder`` that have one, in series order."""
+    return [c for c in map(companion, series_notebooks(folder)) if c.exists()]

@@ -1,22 +1,20 @@
-"""Write the student edition: each notebook without its Solutions section, outputs cleared (``make student``).
+"""Write the student edition: each lesson with its outputs cleared (``make student``).
 
     python tools/student.py --out build/student notebooks/*.ipynb
 
 Every exercise already reads task -> hint -> a cell holding a stub that raises NotImplementedError -> the
-check. The worked solutions sit after a ``## Solutions`` heading at the end of the notebook, in cells tagged
-``solution``; the student edition stops before that heading. Outputs are cleared too, since those of the full
-edition would show what the solutions print.
+check. The worked solutions live in a companion notebook, ``notebooks/solutions/NN_solutions.ipynb``
+(tools/series.py ``companion``), in cells tagged ``solution``; a lesson holds none, so a reader scrolling it (on
+GitHub too) never sees one. The student edition is the lesson with its outputs cleared, since those of the
+full edition would show what a finished run prints; a lesson that still holds a ``solution`` cell is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import re
 import sys
 from pathlib import Path
-
-SOLUTIONS = re.compile(r"## Solutions\s*(\n|$)")
 
 
 def has_tag(cell, tag: str) -> bool:
@@ -27,32 +25,21 @@ def _is_solution(cell) -> bool:
     return has_tag(cell, "solution")
 
 
-def solutions_start(nb) -> int:
-    """Index of the ``## Solutions`` heading; every cell tagged ``solution`` must come after it.
-
-    A notebook without exercises (an optional deep dive) has neither: its "start" is its end.
-    """
-    starts = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and SOLUTIONS.match(c.source)]
-    if not starts and not any(_is_solution(c) for c in nb.cells):
-        return len(nb.cells)
-    if len(starts) != 1:
-        raise ValueError(f"expected one '## Solutions' heading, found {len(starts)}")
-    early = [i for i, c in enumerate(nb.cells[: starts[0]]) if _is_solution(c)]
-    if early:
-        raise ValueError(f"cells {early} are tagged 'solution' but come before the '## Solutions' heading")
-    return starts[0]
+def check_lesson(nb) -> None:
+    """A lesson holds no worked solution: those belong in its companion notebook."""
+    found = [i for i, c in enumerate(nb.cells) if _is_solution(c)]
+    if found:
+        raise ValueError(f"cells {found} are tagged 'solution': worked solutions belong in the companion notebook")
 
 
 def student_edition(nb):
-    """A copy of the notebook without its Solutions section; returns (notebook, number of solutions dropped)."""
+    """A copy of the lesson with its outputs cleared; returns (notebook, number of exercises it holds)."""
+    check_lesson(nb)
     nb = copy.deepcopy(nb)
-    start = solutions_start(nb)
-    dropped = sum(_is_solution(c) for c in nb.cells[start:])
-    nb.cells = nb.cells[:start]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    return nb, dropped
+    return nb, sum(has_tag(c, "exercise") for c in nb.cells)
 
 
 def main(argv=None) -> int:
@@ -66,7 +53,7 @@ def main(argv=None) -> int:
     for path in args.notebooks:
         nb, count = student_edition(nbformat.read(path, as_version=4))
         nbformat.write(nb, args.out / path.name)
-        print(f"{path.name}: {count} solution{'s' if count != 1 else ''} left out -> {args.out / path.name}")
+        print(f"{path.name}: {count} exercise{'s' if count != 1 else ''}, outputs cleared -> {args.out / path.name}")
     return 0
 
 

@@ -4,7 +4,7 @@ One fixture writes the course for notebook 03 (the fastest notebook with exercis
 ``nbgrader generate_assignment``, autogrades four submissions and writes their feedback:
 
 * ``untouched``: the released notebook as handed out; it must score 0 (strict checks);
-* ``correct``: every stub replaced by the worked solution of the full notebook; full marks;
+* ``correct``: every stub replaced by the worked solution of the companion notebook; full marks;
 * ``mistake``: the same, but exercise 1 reshapes without the permute, a classic; the other two points, and the
   check's diagnosis in the feedback;
 * ``tampered``: untouched stubs, the strict switch deleted from every test cell and switched off again in an
@@ -39,6 +39,7 @@ from tools.nbgrader_course import (
     pair_exercises,
     write_course,
 )
+from tools.series import companion
 from tools.student import has_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,8 @@ def course(tmp_path_factory):
     run_nbgrader(root, "generate_assignment", ASSIGNMENT)
     released = nbformat.read(root / "release" / ASSIGNMENT / NOTEBOOK.name, as_version=4)
     full = nbformat.read(NOTEBOOK, as_version=4)
-    solutions = {name_of(c): c.source for c in full.cells if has_tag(c, "solution")}
+    solved = nbformat.read(companion(NOTEBOOK), as_version=4)
+    solutions = {name_of(c): c.source for c in solved.cells if has_tag(c, "solution")}
     students = {
         "untouched": submission(released, {}),
         "correct": submission(released, solutions),
@@ -110,7 +112,7 @@ def course(tmp_path_factory):
             for s in students
         }
     feedback = {s: (root / "feedback" / s / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text() for s in students}
-    return SimpleNamespace(released=released, full=full, scores=scores, grades=grades, feedback=feedback)
+    return SimpleNamespace(released=released, full=full, solved=solved, scores=scores, grades=grades, feedback=feedback)
 
 
 def test_an_untouched_notebook_scores_zero(course):
@@ -147,7 +149,7 @@ def test_the_released_notebook_keeps_the_stubs_and_holds_no_solution(course):
         assert [line for line in lines if line.strip() != CODE_STUB] == stub.source.split("\n")
     released = "\n".join(c.source for c in course.released.cells)
     assert "BEGIN SOLUTION" not in released and "## Solutions" not in released
-    for solution in (c for c in course.full.cells if has_tag(c, "solution")):
+    for solution in (c for c in course.solved.cells if has_tag(c, "solution")):
         body = [line.strip() for line in solution.source.split("\n")[1:] if line.strip()]
         assert not [line for line in body if line in released], name_of(solution)
     assert sum(has_tag(c, "hint") for c in course.released.cells) == 3
@@ -199,9 +201,9 @@ def solved(name="f", **kwargs):
 
 def test_the_answer_is_the_stub_with_the_solution_body_between_the_markers():
     ran = code("check(f)", outputs=[nbformat.v4.new_output("stream", text="not attempted")])
-    nb = notebook(*exercise()[:3], ran, md("## Solutions"), *solved())
-    source, count = assignment(nb)
-    assert count == 1 and len(source.cells) == 4 and nb.cells[3].outputs  # Solutions left out, original untouched
+    nb = notebook(*exercise()[:3], ran)
+    source, count = assignment(nb, notebook(*solved()))
+    assert count == 1 and len(source.cells) == 4 and nb.cells[3].outputs  # the original untouched
     answer, check = source.cells[2], source.cells[3]
     assert answer.source == (
         "# Exercise: your code here.\ndef f(x):\n"
@@ -223,9 +225,9 @@ def test_the_answer_is_the_stub_with_the_solution_body_between_the_markers():
 
 
 def test_solutions_are_paired_by_name_whatever_their_order():
-    nb = notebook(*exercise("f"), *exercise("g"), md("## Solutions"), *solved("g"), *solved("f"))
-    assert pair_exercises(nb) == [(2, 11), (6, 9)]
-    source, _ = assignment(nb)
+    nb, answers = notebook(*exercise("f"), *exercise("g")), notebook(*solved("g"), *solved("f"))
+    assert pair_exercises(nb, answers) == [(2, 2), (6, 0)]
+    source, _ = assignment(nb, answers)
     assert [c.metadata.nbgrader["grade_id"] for c in source.cells if "nbgrader" in c.metadata] == [
         "ex1_f",
         "ex1_f_check",
@@ -236,31 +238,30 @@ def test_solutions_are_paired_by_name_whatever_their_order():
 
 def test_a_multiline_signature_and_another_indentation_are_handled():
     args = "\n    x,\n    scale: dict[str, int] = {'a': 1},\n"
-    nb = notebook(*exercise(args=args, doc=""), md("## Solutions"), *solved(args=args, body="  return x"))
-    answer = assignment(nb)[0].cells[2].source
+    nb, answers = notebook(*exercise(args=args, doc="")), notebook(*solved(args=args, body="  return x"))
+    answer = assignment(nb, answers)[0].cells[2].source
     assert answer.endswith(f"):\n    {BEGIN}\n    return x\n    {END}\n    raise NotImplementedError('not yet')")
 
 
 @pytest.mark.parametrize(
-    ("cells", "message"),
+    ("cells", "answers", "message"),
     [
-        ([*exercise("f"), *exercise("f"), md("## Solutions"), *solved("f")], "cells 2 and 6 .* define f: ambiguous"),
-        ([*exercise("f"), md("## Solutions"), *solved("f"), *solved("f")], "cells 5 and 7 .* define f: ambiguous"),
+        ([*exercise("f"), *exercise("f")], solved("f"), "cells 2 and 6 .* define f: ambiguous"),
+        (exercise("f"), [*solved("f"), *solved("f")], "cells 0 and 2 .* define f: ambiguous"),
+        (exercise("f"), solved("g"), r"without a solution: \['f'\].*without an exercise: \['g'\]"),
+        (exercise("f"), [solution("f"), code("check(g)")], "not followed by the same check"),
+        (exercise("f")[:3], solved("f"), "cell 2 is not followed by a code cell"),
+        (exercise("f", args="x, y"), solved("f"), "different signatures"),
+        (exercise("f"), solved("f", body="    print(x)"), "must end with a return"),
+        (exercise("f"), solved("f", body="    return x\nf(1)"), "one function definition"),
+        (exercise("f"), solved("f", body="    return x +"), "not valid Python"),
         (
-            [*exercise("f"), md("## Solutions"), *solved("g")],
-            r"without a solution: \['f'\].*without an exercise: \['g'\]",
-        ),
-        ([*exercise("f"), md("## Solutions"), solution("f"), code("check(g)")], "not followed by the same check"),
-        ([*exercise("f")[:3], md("## Solutions"), *solved("f")], "cell 2 is not followed by a code cell"),
-        ([*exercise("f", args="x, y"), md("## Solutions"), *solved("f")], "different signatures"),
-        ([*exercise("f"), md("## Solutions"), *solved("f", body="    print(x)")], "must end with a return"),
-        ([*exercise("f"), md("## Solutions"), *solved("f", body="    return x\nf(1)")], "one function definition"),
-        ([*exercise("f"), md("## Solutions"), *solved("f", body="    return x +")], "not valid Python"),
-        (
-            [tagged(code("def f(x):\n    return 0"), "exercise"), code("check(f)"), md("## Solutions"), *solved("f")],
+            [tagged(code("def f(x):\n    return 0"), "exercise"), code("check(f)")],
+            solved("f"),
             "must raise NotImplementedError",
         ),
-        ([*exercise("f"), *solved("f")], "expected one '## Solutions' heading, found 0"),
+        ([*exercise("f"), *solved("f")], solved("f"), r"cells \[4\] of the lesson are tagged 'solution'"),
+        (exercise("f"), None, "needs its companion notebook"),
     ],
     ids=[
         "two-stubs-one-name",
@@ -273,12 +274,13 @@ def test_a_multiline_signature_and_another_indentation_are_handled():
         "more-than-a-function",
         "syntax-error",
         "stub-does-not-raise",
-        "no-solutions-heading",
+        "solution-in-the-lesson",
+        "no-companion",
     ],
 )
-def test_bad_input_is_refused(cells, message):
+def test_bad_input_is_refused(cells, answers, message):
     with pytest.raises(ValueError, match=message):
-        assignment(notebook(*cells))
+        assignment(notebook(*cells), None if answers is None else notebook(*answers))
 
 
 def without_region(source: str) -> str:

@@ -1,6 +1,7 @@
 """Every notebook keeps the shape of the series: a title and learning goals, figures, a summary, and
-exercises that read task -> hint -> the learner's stub -> an automatic check, and worked solutions in a
-Solutions section at the end, each checked too."""
+exercises that read task -> hint -> the learner's stub -> an automatic check. The worked solutions are in a
+companion notebook, notebooks/solutions/NN_solutions.ipynb, that the lesson links to, each followed by the same
+check: a reader scrolling a lesson (on GitHub too) never sees one."""
 
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from mha_tutorial import checks
 from tools.hygiene import problems
-from tools.student import solutions_start
+from tools.series import companion
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -51,12 +52,9 @@ def _called_checks(cell) -> list:
 def test_every_exercise_reads_task_hint_stub_check(notebook):
     """Task, a visible hint cell, the learner's stub (NotImplementedError, no solution), then the check."""
     path, nb = notebook
-    start = solutions_start(nb)
-    headings = [
-        i for i, c in enumerate(nb.cells[:start]) if c.cell_type == "markdown" and c.source.startswith("### Exercise")
-    ]
+    headings = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("### Exercise")]
     assert headings, f"{path.name} has no exercise"
-    stubs = [i for i, c in enumerate(nb.cells[:start]) if "exercise" in _tags(c)]
+    stubs = [i for i, c in enumerate(nb.cells) if "exercise" in _tags(c)]
     assert len(stubs) == len(headings)
     for heading, stub in zip(headings, stubs, strict=True):
         hint, check = nb.cells[stub - 1], nb.cells[stub + 1]
@@ -66,36 +64,60 @@ def test_every_exercise_reads_task_hint_stub_check(notebook):
         assert _called_checks(check), check.source[:200]
 
 
-def test_solutions_come_last_folded_and_each_is_checked(notebook):
+LESSONS_WITH_EXERCISES = sorted(
+    p
+    for p in (Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]*_*.ipynb")
+    if any("exercise" in _tags(c) for c in nbformat.read(p, as_version=4).cells)
+)
+
+
+def _printed(cells) -> list[str]:
+    return [o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs]
+
+
+@pytest.mark.parametrize("path", LESSONS_WITH_EXERCISES, ids=[p.stem for p in LESSONS_WITH_EXERCISES])
+def test_a_lesson_holds_no_solution_and_links_to_its_companion(path):
+    nb = nbformat.read(path, as_version=4)
+    assert not [i for i, c in enumerate(nb.cells) if "solution" in _tags(c)], "solutions live in the companion"
+    assert not re.search(r"^## Solutions", markdown(nb), re.M)
+    solutions = companion(path)
+    assert solutions.exists(), f"{path.name} has exercises but no {solutions.relative_to(path.parent)}"
+    link = f"](solutions/{solutions.name})"
+    assert link in nb.cells[-1].source and "try the exercises first" in nb.cells[-1].source, nb.cells[-1].source
+    assert not re.search(r"(Solutions|solutions?) (section|are|is) (at the end|below)", markdown(nb))
+
+
+@pytest.mark.parametrize("path", LESSONS_WITH_EXERCISES, ids=[p.stem for p in LESSONS_WITH_EXERCISES])
+def test_the_companion_solves_each_exercise_in_order_each_followed_by_the_same_check(path):
+    lesson = nbformat.read(path, as_version=4)
+    solutions = companion(path)
+    nb = nbformat.read(solutions, as_version=4)
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# Solutions")
+    assert f"](../{path.name})" in nb.cells[0].source, "the companion links back to its lesson"
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source == next(c for c in lesson.cells if c.cell_type == "code").source, "the lesson's set-up"
+    learner_checks = [lesson.cells[i + 1] for i, c in enumerate(lesson.cells) if "exercise" in _tags(c)]
+    solved = [i for i, c in enumerate(nb.cells) if "solution" in _tags(c)]
+    assert not [i for i, c in enumerate(nb.cells) if "exercise" in _tags(c)]
+    assert [nb.cells[i + 1].source for i in solved] == [c.source for c in learner_checks]
+    assert all(_called_checks(nb.cells[i + 1]) for i in solved)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert problems(solutions) == []
+    checks_run = [c for c in nb.cells if _called_checks(c)]
+    assert checks_run and all("✓ check_" in "".join(_printed([c])) for c in checks_run), solutions.name
+
+
+def test_every_companion_belongs_to_a_lesson():
+    folder = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
+    assert sorted(folder.glob("*.ipynb")) == [companion(p) for p in LESSONS_WITH_EXERCISES]
+
+
+def test_no_check_passes_in_a_lesson(notebook):
+    """Committed outputs: every learner check reports "not attempted yet" (the companions' checks pass)."""
     path, nb = notebook
-    start = solutions_start(nb)
-    learner_checks = [
-        name
-        for i, c in enumerate(nb.cells[:start])
-        if "exercise" in _tags(c)
-        for name in _called_checks(nb.cells[i + 1])
-    ]
-    solutions = [i for i, c in enumerate(nb.cells) if "solution" in _tags(c)]
-    assert len(solutions) == len(learner_checks)
-    for i in solutions:
-        assert nb.cells[i].metadata.get("jupyter", {}).get("source_hidden") is True, "solutions start collapsed"
-        assert _called_checks(nb.cells[i + 1]), f"{path.name}: solution cell {i} is not followed by its check"
-    assert sorted(name for i in solutions for name in _called_checks(nb.cells[i + 1])) == sorted(learner_checks)
-
-
-def test_no_check_passes_before_the_solutions(notebook):
-    """Committed outputs: every learner check reports "not attempted yet", every solution's check passes."""
-    path, nb = notebook
-    start = solutions_start(nb)
-
-    def printed(cells):
-        return [o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs]
-
-    before = [nb.cells[i + 1] for i, c in enumerate(nb.cells[:start]) if "exercise" in _tags(c)]
-    assert all("not attempted yet" in "".join(printed([c])) for c in before), path.name
-    assert not any("✓ check_" in text for text in printed(nb.cells[:start]))
-    after = [c for c in nb.cells[start:] if _called_checks(c)]
-    assert all("✓ check_" in "".join(printed([c])) for c in after), path.name
+    before = [nb.cells[i + 1] for i, c in enumerate(nb.cells) if "exercise" in _tags(c)]
+    assert all("not attempted yet" in "".join(_printed([c])) for c in before), path.name
+    assert not any("✓ check_" in text for text in _printed(nb.cells))
 
 
 def test_committed_outputs_are_clean(notebook):

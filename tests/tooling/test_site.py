@@ -11,6 +11,7 @@ are skipped, except in CI (the environment variable CI set), where .ci/run insta
 from __future__ import annotations
 
 import functools
+import html as html_module
 import http.server
 import json
 import os
@@ -22,14 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from tools.build_site import build, fold_solutions, read_timings, unlink_missing, with_timings
-from tools.series import series_notebooks
+from tools.build_site import build, pages, read_timings, unlink_missing, with_timings
+from tools.series import companion, series_notebooks
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 BUILD_LIMIT_S = 60
-NOTEBOOK_PAGES = [f"notebooks/{p.stem}.html" for p in series_notebooks()]
+LESSON_PAGES = [f"notebooks/{p.stem}.html" for p in series_notebooks()]
+# Every lesson, each followed by its companion of worked solutions where it has one.
+NOTEBOOK_PAGES = [
+    "notebooks/" + p.relative_to(ROOT / "notebooks").with_suffix(".html").as_posix() for p in pages(ROOT / "notebooks")
+]
+COMPANION_PAGES = [page for page in NOTEBOOK_PAGES if page not in LESSON_PAGES]
 PAGES = ["index.html", *NOTEBOOK_PAGES, "docs/teaching.html", "api.html", "genindex.html", "search.html"]
 SHOTS = ROOT / "build" / "screenshots"
 
@@ -250,32 +256,54 @@ def test_the_side_navigation_and_prev_next_follow_the_series(site, visit):
 def test_the_index_is_the_readme_series_table(site, browser, show):
     show("index.html")
     links = [a.get_attribute("href") for a in browser.find_elements("css selector", "article table a")]
-    listed = [link.removeprefix(site["base"]) for link in links[: len(NOTEBOOK_PAGES)]]
-    assert listed == NOTEBOOK_PAGES, f"the README's series table must list every notebook in order; it has {listed}"
+    listed = [link.removeprefix(site["base"]) for link in links[: len(LESSON_PAGES)]]
+    assert listed == LESSON_PAGES, f"the README's series table must list every notebook in order; it has {listed}"
     headers = [th.text for th in browser.find_elements("css selector", "article table th")]
     # Built from the committed notebooks: no timings.json, so no time to run (see test_index_shows_timings).
     assert not any("time" in h.lower() for h in headers), headers
     summaries = [td.text for td in browser.find_elements("css selector", "article table tr td:nth-child(3)")]
-    assert all(len(text) > 20 for text in summaries[: len(NOTEBOOK_PAGES)]), summaries
+    assert all(len(text) > 20 for text in summaries[: len(LESSON_PAGES)]), summaries
 
 
-def test_solutions_are_folded_until_clicked(browser, show):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    show(next(p for p in NOTEBOOK_PAGES if "/01_" in p))
+def test_a_lesson_shows_no_solution_and_links_to_its_companion(site, browser, show):
+    lesson = next(p for p in LESSON_PAGES if "/01_" in p)
+    show(lesson)
+    assert browser.find_elements("css selector", "article .tag_exercise"), "the lesson's stubs are there"
+    assert not browser.find_elements("css selector", "article .tag_solution"), "a solution on a lesson's page"
+    links = [a.get_attribute("href") for a in browser.find_elements("css selector", "article a[href]")]
+    target = site["base"] + "notebooks/solutions/01_solutions.html"
+    assert target in links, f"{lesson} does not link to its companion: {links[-5:]}"
+    show("notebooks/solutions/01_solutions.html")
     solutions = browser.find_elements("css selector", "article .tag_solution")
-    assert len(solutions) == 3, "notebook 01 has three solution cells"
+    assert len(solutions) == 3, "notebook 01 has three exercises, its companion three solutions"
     for cell in solutions:
         code = cell.find_element("css selector", "pre")
-        assert not code.is_displayed(), "a solution is visible before it is asked for"
-        summary = cell.find_element("css selector", "summary")
-        assert "Show the solution" in summary.text
-        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
-        summary.click()
-        assert WebDriverWait(browser, 5).until(lambda b, code=code: code.is_displayed()), "still hidden after a click"
-        assert "def " in code.text
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", code)
+        assert code.is_displayed() and "def " in code.text, "the companion shows its solutions, nothing folded"
+    links = [a.get_attribute("href") for a in browser.find_elements("css selector", "article a[href]")]
+    assert site["base"] + lesson in links, "the companion links back to its lesson"
     SHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SHOTS / "solution-unfolded.png"))
+    browser.save_screenshot(str(SHOTS / "solutions-companion.png"))
+
+
+@pytest.mark.parametrize("page", LESSON_PAGES)
+def test_no_lesson_page_holds_solution_code(site, page):
+    html = (site["out"] / page).read_text(encoding="utf-8")
+    assert "tag_solution" not in html
+    path = ROOT / page.replace(".html", ".ipynb")
+    if companion(path).exists():
+        assert f'href="solutions/{companion(path).stem}.html"' in html, f"{page} does not link to its companion"
+        text = html_module.unescape(re.sub(r"<[^>]+>", "", html))
+        lesson = "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"])
+        for cell in json.loads(companion(path).read_text())["cells"]:
+            if "solution" in cell["metadata"].get("tags", []):
+                # Each line of a solution that the lesson does not write itself (a buggy version to fix shares a
+                # few), long enough to be specific: none is on the lesson's page.
+                lines = [line.strip() for line in "".join(cell["source"]).split("\n")[1:]]
+                own = [line for line in lines if len(line) > 20 and line not in lesson]
+                assert own, f"{page}: nothing specific to look for in a solution"
+                shown = [line for line in own if line in text]
+                assert not shown, f"{page} shows its solution: {shown}"
 
 
 def test_search_finds_a_function(site, browser):
@@ -318,15 +346,14 @@ def test_index_shows_timings_only_from_the_run_steps_file(tmp_path):
     assert rows[2].endswith("| 12 s |") and rows[3].endswith("| – |")
 
 
-def test_solutions_are_tagged_in_a_copy_only(tmp_path):
-    source = ROOT / "notebooks" / "01_scaled_dot_product_attention.ipynb"
-    before = source.read_text()
-    fold_solutions(source, tmp_path / source.name)
-    assert source.read_text() == before
-    cells = json.loads((tmp_path / source.name).read_text())["cells"]
-    folded = [c for c in cells if "hide-input" in c["metadata"].get("tags", [])]
-    assert folded and all("solution" in c["metadata"]["tags"] for c in folded)
-    assert len(folded) == sum("solution" in c["metadata"].get("tags", []) for c in cells)
+def test_each_companion_comes_right_after_its_lesson():
+    found = pages(ROOT / "notebooks")
+    lessons = series_notebooks()
+    assert [p for p in found if p in lessons] == lessons
+    assert COMPANION_PAGES and len(found) == len(lessons) + len(COMPANION_PAGES)
+    for i, path in enumerate(found):
+        if path not in lessons:
+            assert companion(found[i - 1]) == path, path
 
 
 def test_links_to_files_outside_the_site_become_text(tmp_path):
