@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -32,13 +33,21 @@ def check_lesson(nb) -> None:
         raise ValueError(f"cells {found} are tagged 'solution': worked solutions belong in the companion notebook")
 
 
+# A lesson's link to its companion, `[solutions/NN_solutions.ipynb](solutions/NN_solutions.ipynb)`: the handout has no
+# solutions folder, so the link would lead nowhere.
+COMPANION_LINK = re.compile(r"\[solutions/([\w.-]+\.ipynb)\]\(solutions/[\w.-]+\.ipynb\)")
+
+
 def student_edition(nb):
-    """A copy of the lesson with its outputs cleared; returns (notebook, number of exercises it holds)."""
+    """A copy of the lesson with its outputs cleared and its link to the companion of solutions named as the answer
+    key instead; returns (notebook, number of exercises it holds)."""
     check_lesson(nb)
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+        else:
+            cell.source = COMPANION_LINK.sub(r"`\1` (the answer key, not part of this handout)", cell.source)
     return nb, sum(has_tag(c, "exercise") for c in nb.cells)
 
 
