@@ -19,12 +19,12 @@ from .tasks import BOS, PAD
 
 __all__ = ["display_token", "plot_head_grid"]
 
-DISPLAY = {" ": "␣", PAD: "∅", BOS: "⟨s⟩"}
+DISPLAY = {" ": "␣", PAD: "∅", BOS: "<s>"}  # plain ASCII: thin angle brackets read as "(s)" at 8 pt
 MASKED_COLOUR, MASKED_HATCH, HATCH_COLOUR = "0.86", "////", "0.55"
 
 
 def display_token(token: str) -> str:
-    """How one token appears on a heatmap axis (``" "`` -> ``"␣"``, ``<pad>`` -> ``"∅"``, ``<bos>`` -> ``"⟨s⟩"``)."""
+    """How one token appears on a heatmap axis (``" "`` -> ``"␣"``, ``<pad>`` -> ``"∅"``, ``<bos>`` -> ``"<s>"``)."""
     validate.token(token)
     return DISPLAY.get(token, token)
 

@@ -13,12 +13,12 @@ import itertools
 
 import torch
 
-from .. import head_stats
+from .. import head_stats, maps
 from ..attention import masked_softmax
 from ..head_stats import normalized_entropy
 from ..maps import layer_masks
 from ..masks import causal_mask, padding_mask
-from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed, refusing
+from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 from ._nb06_mistakes import (
     ENTROPY_OPTIONS,
     INDUCTION_OPTIONS,
@@ -28,7 +28,7 @@ from ._nb06_mistakes import (
     previous_variant,
 )
 
-__all__ = ["check_normalized_entropy", "check_previous_token_score", "check_induction_score"]
+__all__ = ["check_cell_average", "check_induction_score", "check_normalized_entropy", "check_previous_token_score"]
 
 # The package's own versions of what the exercises ask for: a check refuses them.
 _PACKAGE_ENTROPY = {normalized_entropy: "mha_tutorial.head_stats.normalized_entropy"}
@@ -274,3 +274,94 @@ def check_induction_score(fn) -> None:
     print("  on the trained induction model (200 eval examples, not notebook 06's importance examples):")
     for layer, scores in found:
         print(f"  {layer}: induction scores {[round(float(s), 3) for s in scores]}")
+
+
+# =====================================================================================================
+# Exercise 2: find the bug in an average (cell by cell over the examples where the cell exists)
+# =====================================================================================================
+def _cell_mistakes(w, keep):
+    """(what to tell the learner, what that mistake returns) for the typical wrong averages -> (H, Q, K)."""
+    k = keep[:, None].to(w.dtype)  # (B, 1, Q, K)
+    total = (w * k).sum(0)  # (H, Q, K)
+    per_cell = keep.sum(0).to(w.dtype)  # (Q, K): examples in which the cell exists
+    per_row = keep.any(-1).sum(0).to(w.dtype)[:, None].expand_as(per_cell)  # (Q, K): examples that reach the row
+    return [
+        (
+            "divided every cell by B, the number of examples (plain_average's bug): a cell that exists in only "
+            "some examples (a row that short sequences do not reach, a padded key) is pulled toward 0; divide "
+            "each cell by the number of examples in which it exists, keep.sum(0)",
+            total / w.shape[0],
+        ),
+        (
+            "a cell that exists in no example came out 0: it has no data, so it must be NaN (0 would read as "
+            "'the head gives it no weight'); 0 / 0 gives NaN by itself, so do not clamp the count",
+            total / per_cell.clamp_min(1),
+        ),
+        (
+            "counted the examples that reach each query row, not each cell: with padded keys the cells of one "
+            "row exist in different numbers of examples; count per cell, keep.sum(0)",
+            total / per_row,
+        ),
+    ]
+
+
+def _cell_cases():
+    def make():
+        g = torch.Generator().manual_seed(9)
+        B, T = 4, 6
+        lengths = torch.tensor([6, 4, 3, 6])
+        real = torch.arange(T)[None] < lengths[:, None]  # (B, T)
+        causal = causal_mask(T)[None] & real[:, :, None] & real[:, None, :]  # (B, T, T)
+        S = 7
+        real_s = torch.arange(S)[None] < torch.tensor([7, 5, 3])[:, None]  # (3, S): real tokens
+        padded = real_s[:, :, None] & real_s[:, None, :]  # (3, S, S): padding on both axes, as in an encoder
+        cases = [(_random_weights(g, 3, 3, S, S, padded), padded, "padded queries and keys, valid_lens [7, 5, 3]")]
+        cases.append((_random_weights(g, B, 2, T, T, causal), causal, "causal, lengths [6, 4, 3, 6]: short rows"))
+        return cases
+
+    return _with_rng(make)
+
+
+def _same_with_nan(actual, expected) -> bool:
+    nan = torch.isnan(expected)
+    if not torch.equal(torch.isnan(actual), nan):
+        return False
+    return bool(torch.allclose(actual[~nan], expected[~nan], atol=1e-6, rtol=1e-5))
+
+
+@friendly
+def check_cell_average(fn) -> None:
+    """``fn(weights (B, H, Q, K), keep (B, Q, K) bool)`` -> (H, Q, K): each cell's mean over the examples where it
+    exists, NaN where it exists in none."""
+    cases = _cell_cases()
+    model, batch, weights = _trained_weights("induction", 200)
+    m = layer_masks(model, "induction", batch)["dec.1.self"]
+    induction_keep = m.keep & m.query_real[:, :, None]  # (B, T, T): the query is a real token and may see the key
+    cases.append((weights["dec.1.self"], induction_keep, "the induction model's dec.1.self, 200 mixed run lengths"))
+    for w, keep, case in cases:
+        w = w.masked_fill(~keep[:, None], 0.0)  # (B, H, Q, K): 0 where the cell does not exist
+        with refusing({maps.average_attention: "mha_tutorial.maps.average_attention"}):
+            result = call(fn, w.clone(), keep.clone(), case=case)
+        actual = expect_tensor(result, case).detach().cpu().double()
+        expect_shape(actual, w.shape[1:], case)
+        count = keep.sum(0)  # (Q, K)
+        expected = w.sum(0) / count  # (H, Q, K); 0 / 0 = NaN where the cell exists in no example
+        if _same_with_nan(actual, expected):
+            continue
+        for message, wrong in _cell_mistakes(w, keep):
+            if _same_with_nan(actual, wrong):
+                raise CheckFailed(f"{case}: {message}")
+        where = (~torch.isclose(actual, expected, equal_nan=True)).nonzero()[0].tolist()
+        raise CheckFailed(
+            f"{case}: wrong value at (head, query, key) = {tuple(where)}: got {actual[tuple(where)].item():.4g}, "
+            f"expected {expected[tuple(where)].item():.4g} (examples with that cell: {int(count[tuple(where[1:])])})"
+        )
+    passed("check_cell_average", len(cases))
+    rows = induction_keep.any(-1).sum(0)  # (T,): sequences that reach each query row
+    masked = weights["dec.1.self"].masked_fill(~induction_keep[:, None], 0.0)  # (B, H, T, T)
+    plain = masked.sum(0).sum(-1).mean(0) / masked.shape[0]  # (T,): plain_average's row sums, mean over heads
+    print(
+        "  plain_average on those 200 sequences: each row should sum to 1; rows 12-23 sum to",
+        [round(float(x), 3) for x in plain[12:]],
+        f"(sequences reaching them: {rows[12:].tolist()})",
+    )

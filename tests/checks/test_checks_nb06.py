@@ -10,6 +10,7 @@ import torch
 from mha_tutorial import head_stats
 from mha_tutorial.checks import (
     CheckFailed,
+    check_cell_average,
     check_induction_score,
     check_normalized_entropy,
     check_previous_token_score,
@@ -278,4 +279,66 @@ def test_the_checks_references_agree_with_independent_code():
 
 
 def test_every_check_is_exported():
-    assert set(nb06.__all__) == {"check_normalized_entropy", "check_previous_token_score", "check_induction_score"}
+    assert set(nb06.__all__) == {
+        "check_cell_average",
+        "check_normalized_entropy",
+        "check_previous_token_score",
+        "check_induction_score",
+    }
+
+
+# ---------------------------------------------------------------- Exercise 2: the cell-by-cell average
+
+
+def cell_right(weights, keep):
+    return weights.sum(0) / keep.sum(0)  # (H, Q, K); 0 / 0 = NaN where no example has the cell
+
+
+def cell_loops(weights, keep):
+    B, H, Q, K = weights.shape
+    out = torch.full((H, Q, K), float("nan"), dtype=torch.float64)
+    for q in range(Q):
+        for k in range(K):
+            rows = [b for b in range(B) if keep[b, q, k]]
+            if rows:
+                out[:, q, k] = weights[rows, :, q, k].double().mean(0)
+    return out
+
+
+@pytest.mark.parametrize("fn", [cell_right, cell_loops])
+def test_cell_average_check_accepts_right_answers_and_shows_the_faded_rows(fn, capsys):
+    check_cell_average(fn)
+    out = capsys.readouterr().out
+    assert "✓ check_cell_average: passed on 3 cases" in out
+    assert "0.11, 0.11] (sequences reaching them:" in out  # rows reached by 22 of 200 sequences: 22 / 200
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda w, keep: (w * keep[:, None]).sum(0) / w.shape[0], "divided every cell by B"),
+        (lambda w, keep: w.sum(0) / keep.sum(0).clamp_min(1), "must be NaN"),
+        (lambda w, keep: w.sum(0) / keep.any(-1).sum(0)[:, None], "not each cell"),
+        (lambda w, keep: cell_right(w, keep).nanmean(0), "wrong shape"),
+        (lambda w, keep: cell_right(w, keep) * 0.5, "wrong value at (head, query, key)"),
+    ],
+)
+def test_cell_average_check_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_cell_average(wrong)
+    assert words in str(info.value)
+
+
+def test_cell_average_check_refuses_average_attention():
+    from mha_tutorial.maps import average_attention
+    from mha_tutorial.tasks import load_split
+    from mha_tutorial.train import load_pretrained
+
+    model, examples = load_pretrained("induction", device="cpu"), load_split("induction", "eval")[:4]
+
+    def sneaky(weights, keep):
+        average_attention(model, "induction", examples)
+        return cell_right(weights, keep)
+
+    with pytest.raises(CheckFailed, match="average_attention"):
+        check_cell_average(sneaky)

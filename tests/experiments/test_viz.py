@@ -51,7 +51,7 @@ def test_grid_labels_axes_with_the_tokens():
     w = _softmax_weights(2, 3, 4)
     fig = viz.plot_head_grid([w], ["<bos>", "a", " "], ["x", "<pad>", "y", "z"], axis_labels=("q", "k"))
     first = fig.axes[0]
-    assert [t.get_text() for t in first.get_yticklabels()] == ["⟨s⟩", "a", "␣"]
+    assert [t.get_text() for t in first.get_yticklabels()] == ["<s>", "a", "␣"]
     assert [t.get_text() for t in first.get_xticklabels()] == ["x", "∅", "y", "z"]
     assert first.get_ylabel() == "q" and first.get_xlabel() == "k"
     assert all(t.get_text() == "" for t in fig.axes[1].get_yticklabels())  # row labels only in the first column
