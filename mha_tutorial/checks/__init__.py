@@ -13,7 +13,7 @@ check is re-exported here, the same function under both names.
 
 from ._common import CheckFailed, NotAttempted
 from .nb01 import check_attention_entropy, check_softmax, check_temperature_attention
-from .nb01a import check_tempered_jacobian
+from .nb01a import check_jacobian_norm, check_tempered_jacobian
 from .nb02 import check_causal_mask, check_masked_softmax, check_padding_mask
 from .nb03 import check_average_heads, check_expand_valid_lens, check_transpose_output, check_transpose_qkv
 from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
@@ -37,6 +37,7 @@ __all__ = [
     "check_expand_valid_lens",
     "check_average_heads",
     "check_tempered_jacobian",
+    "check_jacobian_norm",
     "check_mha_forward",
     "check_num_params",
     "check_torch_mha_params",

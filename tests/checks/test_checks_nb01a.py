@@ -48,5 +48,39 @@ def test_mistakes_are_named(fn, fragment):
 def test_check_is_exported():
     from mha_tutorial.checks import nb01a
 
-    assert nb01a.__all__ == ["check_tempered_jacobian"]
+    assert nb01a.__all__ == ["check_tempered_jacobian", "check_jacobian_norm"]
     assert checks.check_tempered_jacobian is nb01a.check_tempered_jacobian
+    assert checks.check_jacobian_norm is nb01a.check_jacobian_norm
+
+
+def norm_right(p):
+    squares = (p**2).sum(dim=-1)  # (...)
+    return (squares - 2 * (p**3).sum(dim=-1) + squares**2).sqrt()
+
+
+def test_jacobian_norm_right_answer_passes(capsys):
+    checks.check_jacobian_norm(norm_right)
+    assert "✓ check_jacobian_norm: passed on 3 cases" in capsys.readouterr().out
+
+
+def _near_saturation(p):
+    top = p.max(dim=-1).values
+    return ((1 - top) ** 2 + 3 * ((p**2).sum(dim=-1) - top**2)).sqrt()
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda p: norm_right(p) ** 2, "square root"),
+        (lambda p: ((p**2).sum(-1) + (p**2).sum(-1) ** 2).sqrt(), "cross term is missing"),
+        (lambda p: ((p**2).sum(-1) - (p**3).sum(-1) + (p**2).sum(-1) ** 2).sqrt(), "cross term counts twice"),
+        (lambda p: ((p**2).sum(-1) - 2 * (p**3).sum(-1)).clamp_min(0).sqrt(), "last term is missing"),
+        (_near_saturation, "near-saturation approximation"),
+        (lambda p: 1 - p.max(dim=-1).values, "leftover weight"),
+        (lambda p: (torch.diag_embed(p) - p[..., :, None] * p[..., None, :]).flatten(-2).norm(dim=-1), "diag_embed"),
+        (lambda p: torch.func.vmap(torch.func.jacrev(lambda x: x))(p.reshape(-1, p.shape[-1])).sum(), "jacrev"),
+        (lambda p: norm_right(p)[..., None], "wrong shape"),
+    ],
+)
+def test_jacobian_norm_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_jacobian_norm, fn, fragment)
