@@ -64,3 +64,71 @@ def draw_flow(boxes: dict, arrows: list, title: str = "", size=(10, 4), box=(0.1
         ax.text(x, y, text, ha="center", va="center", fontweight="bold", color="#35609a")
     ax.set_title(title)
     return fig
+
+
+def _box(ax, x, y, w, title, lines, color):
+    """A rounded box centred at (x, y): a bold title, then one line per entry (the shapes that flow through it)."""
+    from matplotlib.patches import FancyBboxPatch
+
+    h = 0.42 + 0.3 * len(lines)
+    patch = FancyBboxPatch(
+        (x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.12", fc=color, ec="0.25", lw=1.2
+    )
+    ax.add_patch(patch)
+    top = y + h / 2 - 0.24
+    ax.text(x, top, title, ha="center", va="center", fontsize=10, fontweight="bold")
+    for i, line in enumerate(lines):
+        ax.text(x, top - 0.3 * (i + 1), line, ha="center", va="center", fontsize=9)
+
+
+def _arrow(ax, start, end, label="", offset=(0.0, 0.1), ha="center"):
+    """An arrow from ``start`` to ``end`` with an optional label beside its middle."""
+    from matplotlib.patches import FancyArrowPatch
+
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, lw=1.3, color="0.2"))
+    if label:
+        x, y = (start[0] + end[0]) / 2 + offset[0], (start[1] + end[1]) / 2 + offset[1]
+        ax.text(x, y, label, ha=ha, va="bottom", fontsize=9, color="0.15")
+
+
+def pruning_diagram():
+    """Notebook 07's map of its experiments: gates in, loss out; scores give an order; the order gives a pruning
+    curve and a cut. Returns the figure (end the cell with ``plt.show()``)."""
+    import matplotlib.pyplot as plt
+
+    flow, gate, score, cut = "#d6e6f5", "#fde2c8", "#dcefd8", "#ecdff5"
+    fig, ax = plt.subplots(figsize=(12.5, 6.0))
+    ax.set(xlim=(0, 12.5), ylim=(0.1, 6.1))
+    ax.axis("off")
+    # Row 1: one forward pass, every head scaled by its gate.
+    _box(ax, 1.3, 5.3, 2.2, "examples", ["tokens (B, T)"], flow)
+    _box(ax, 4.7, 5.3, 3.4, "model(..., head_mask=ξ)", ["head h of layer l times ξ[l, h]"], flow)
+    _box(ax, 8.2, 5.3, 2.0, "logits", ["(B, T, V)"], flow)
+    _box(ax, 11.1, 5.3, 2.4, r"loss $\mathcal{L}(\xi)$", ["scalar, and accuracy"], flow)
+    for start, end in [((2.4, 5.3), (3.0, 5.3)), ((6.4, 5.3), (7.2, 5.3)), ((9.2, 5.3), (9.9, 5.3))]:
+        _arrow(ax, start, end)
+    # Row 2: the gates, the scores of every head, and the order they give.
+    _box(ax, 1.3, 3.2, 2.4, "head_mask ξ", ["(L, H)", "1 = on, 0 = off"], gate)
+    _box(ax, 4.7, 3.2, 2.6, "removal order", ["L·H pairs (l, h),", "least important first"], gate)
+    scores = [
+        r"gradient: $I$ = mean over x of |∂$\mathcal{L}_x$/∂ξ|",
+        "ablation: Δ loss with one gate at 0",
+        "or entropy (06), or random",
+    ]
+    _box(ax, 9.6, 3.2, 5.0, "scores of every head: (L, H)", scores, score)
+    _arrow(ax, (1.6, 3.8), (3.4, 4.95), "gates", offset=(-0.5, 0.0))
+    _arrow(ax, (11.1, 4.95), (11.1, 3.95), "one backward pass per example,", offset=(0.15, 0.12), ha="left")
+    ax.text(11.25, 4.33, "or one run per head", ha="left", va="bottom", fontsize=9, color="0.15")
+    _arrow(ax, (7.1, 3.2), (6.0, 3.2), "sort", offset=(0.0, 0.06))
+    _arrow(ax, (3.4, 3.2), (2.5, 3.2), "first k", offset=(0.0, 0.06))
+    # Row 3: the pruning curve, and physical pruning of the heads the curve says can go.
+    _box(ax, 1.3, 1.1, 2.4, "pruning curve", ["accuracy for k = 0 .. L·H:", "(L·H + 1,)"], score)
+    _box(ax, 5.3, 1.1, 3.0, "pruning.pruned_copy", ["the first k heads, n in a layer,", "each d = D / H wide"], cut)
+    shapes = ["W_q, W_k, W_v weights: (D, D) → (D − n·d, D)", "W_o weight: (D, D) → (D, D − n·d)"]
+    _box(ax, 9.9, 1.1, 4.4, "a smaller model", shapes, cut)
+    _arrow(ax, (1.3, 2.65), (1.3, 1.6), "k heads off", offset=(0.1, -0.05), ha="left")
+    _arrow(ax, (4.9, 2.65), (5.2, 1.6), "which heads", offset=(0.12, -0.05), ha="left")
+    _arrow(ax, (2.5, 1.1), (3.8, 1.1), "k from\nthe curve", offset=(0.0, 0.06))
+    _arrow(ax, (6.8, 1.1), (7.7, 1.1))
+    ax.set_title("The pruning experiment: gates in, loss out; scores give an order; the order gives a curve and a cut")
+    return fig

@@ -16,6 +16,8 @@ Every measurement here goes through ``head_mask`` (num_attention_layers, num_hea
 * ``pruning_curve`` / ``pruning_orders``: the metric as heads are masked one after
   another, in several orders (importance once or recomputed after each removal,
   single-head ablation, random, most-important-first, attention entropy).
+* ``time_pruning``: forward-pass times of the full, masked and pruned models and of the attention
+  layers alone, for reading a pruning speed-up against Amdahl's law.
 * ``prune_attention_heads``: physical pruning of one layer (what ``MultiHeadAttention.prune_heads``
   calls; the models' ``prune_heads({layer: [heads]})`` calls it for each layer); a pruned model
   computes what the masked one does, with smaller matrices.
@@ -23,15 +25,20 @@ Every measurement here goes through ``head_mask`` (num_attention_layers, num_hea
 
 from __future__ import annotations
 
+import math
 import random
+import time
+import timeit
 import warnings
 from copy import deepcopy
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils import benchmark
 
 from . import _validate as validate
+from . import _validate_experiments as validate_experiments
 from . import _validate_training as validate_training
 from .tasks import get_task
 from .train import evaluate
@@ -321,3 +328,60 @@ def _select(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
 
 def count_parameters(module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def time_pruning(model, task_name: str, pruned, head_mask, examples, rounds: int = 20, block_s: float = 0.005) -> dict:
+    """Microseconds per forward pass on one batch of ``examples``, for four things that take turns in every round:
+    ``model``'s attention layers alone ("attention"), ``model`` ("full"), ``model`` with ``head_mask`` ("masked")
+    and the pruned copy ``pruned`` ("pruned").
+
+    Each time is the fastest of ``rounds`` blocks of calls, a block lasting about ``block_s`` seconds. On the CPU
+    the clock is this thread's CPU time, which other programs inflate far less than wall-clock time (run PyTorch
+    with one thread so that all the work is on it); on a GPU, wall-clock time. Only ratios of these times mean
+    something, and they change from run to run.
+    """
+    task = get_task(task_name)
+    for m in (model, pruned):
+        validate_training.model_for_task(m, task)
+    check_head_mask(model, head_mask)
+    rows = _examples(task_name, "eval", examples, None)
+    validate_training.positive_count(rounds, "rounds")
+    validate_experiments.positive_number(block_s, "block_s", " seconds")
+    device = next(model.parameters()).device
+    batch, mask = task.collate(rows, device), head_mask.to(device)
+    calls = _attention_calls(model, task, batch)
+
+    fns = {
+        "attention": torch.no_grad()(lambda: [layer(*args) for layer, args in calls]),
+        "full": torch.no_grad()(lambda: task.forward(model, batch)),
+        "masked": torch.no_grad()(lambda: task.forward(model, batch, mask)),
+        "pruned": torch.no_grad()(lambda: task.forward(pruned, batch)),
+    }
+    clock = time.thread_time if device.type == "cpu" else timeit.default_timer
+    timers, numbers = {}, {}
+    for key, fn in fns.items():
+        for _ in range(3):  # warm-up
+            fn()
+        timers[key] = benchmark.Timer("fn()", globals={"fn": fn}, timer=clock, num_threads=torch.get_num_threads())
+        numbers[key] = max(1, int(block_s / timers[key].timeit(1).mean))  # calls per block of about block_s seconds
+    best = dict.fromkeys(fns, math.inf)
+    for _ in range(rounds):
+        for key, timer in timers.items():
+            best[key] = min(best[key], timer.timeit(numbers[key]).mean * 1e6)
+    return best
+
+
+def _attention_calls(model, task, batch) -> list:
+    """Run ``model`` once on ``batch``; return (layer, its positional arguments) for every attention layer call."""
+    calls = []
+    hooks = [
+        layer.register_forward_hook(lambda module, args, output: calls.append((module, args)))
+        for _, layer in model.attention_layers()
+    ]
+    try:
+        with torch.no_grad():
+            task.forward(model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls

@@ -260,3 +260,34 @@ def test_prune_attention_heads_is_what_the_method_calls():
         assert torch.equal(a, b), name
     with pytest.raises(TypeError, match="heads must be a list of head numbers, got int"):
         pruning.prune_attention_heads(by_function, 1)
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+
+def test_time_pruning_times_all_four_and_the_attention_layers_are_part_of_the_model(models):
+    model = models["induction"]
+    mask = torch.ones(model.num_attention_layers, model.num_heads)
+    mask[0, 2:] = 0
+    pruned = pruning.pruned_copy(model, {0: [2, 3]})
+    times = pruning.time_pruning(model, "induction", pruned, mask, rows("induction", n=16), rounds=3, block_s=0.002)
+    assert set(times) == {"attention", "full", "masked", "pruned"}
+    assert all(0 < t < 1e6 for t in times.values())  # microseconds per call: positive, finite, below a second
+    # no comparison between the times: a timed assertion fails on a busy machine (ratios belong in benchmarks)
+
+
+def test_time_pruning_rejects_bad_input(models):
+    model, examples = models["reversal"], rows("reversal", n=4)
+    mask = torch.ones(model.num_attention_layers, model.num_heads)
+    with pytest.raises(ValueError, match="rounds"):
+        pruning.time_pruning(model, "reversal", model, mask, examples, rounds=0)
+    with pytest.raises(ValueError, match="block_s"):
+        pruning.time_pruning(model, "reversal", model, mask, examples, block_s=-1.0)
+    with pytest.raises(TypeError, match="block_s"):
+        pruning.time_pruning(model, "reversal", model, mask, examples, block_s="fast")
+    with pytest.raises(ValueError):  # a head_mask of the wrong shape
+        pruning.time_pruning(model, "reversal", model, torch.ones(2, 4), examples)
+    with pytest.raises(ValueError, match="kind"):  # a pruned copy of another task's model
+        pruning.time_pruning(model, "reversal", models["induction"], mask, examples)
+    with pytest.raises(ValueError, match="no examples"):
+        pruning.time_pruning(model, "reversal", model, mask, [])

@@ -499,3 +499,12 @@ def test_draw_flow_draws_a_box_per_step_and_a_labelled_arrow_per_edge():
     assert {"queries", "scores", "weights", "(B, Q, d)", "(B, Q, K)", "n"} <= set(texts)
     assert len(ax.patches) == 3 and ax.get_title() == "flow"
     assert min(t.get_fontsize() for t in ax.texts) >= figures.MIN_TICK_PT
+
+
+def test_pruning_diagram_shows_the_gate_shapes_in_readable_type():
+    fig = figures.pruning_diagram()
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.texts]
+    assert {"head_mask ξ", "(L, H)", "pruning.pruned_copy", "W_o weight: (D, D) → (D, D − n·d)"} <= set(texts)
+    assert min(t.get_fontsize() for t in ax.texts) >= figures.MIN_TICK_PT
+    plt.close(fig)
