@@ -18,6 +18,7 @@ from .nb02 import check_causal_mask, check_masked_softmax, check_padding_mask
 from .nb03 import check_average_heads, check_expand_valid_lens, check_transpose_output, check_transpose_qkv
 from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
 from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy, check_to_torch_attention
+from .nb05a import check_load_predictions
 from .nb06 import check_cell_average, check_induction_score, check_normalized_entropy, check_previous_token_score
 from .nb07 import check_head_importance, check_params_after_pruning, check_pruning_order
 from .nb08 import check_fixed_attention
@@ -47,6 +48,7 @@ __all__ = [
     "check_masked_loss_and_accuracy",
     "check_greedy_decode",
     "check_to_torch_attention",
+    "check_load_predictions",
     "check_normalized_entropy",
     "check_cell_average",
     "check_previous_token_score",
