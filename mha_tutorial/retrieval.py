@@ -45,6 +45,7 @@ from .task_base import DATA_DIR
 __all__ = [
     "ablation_drops",
     "curve_auc",
+    "embedding_scores",
     "gradient_importance",
     "load_paraphrases",
     "load_study",
@@ -62,13 +63,8 @@ STUDY_PATH = DATA_DIR / "minilm_pruning.json"
 SPLITS = {"importance": slice(0, 160), "eval": slice(160, 320), "all": slice(0, 320)}  # rows of the file, by id
 SCALE = 20.0  # similarity scale of the retrieval loss (the "temperature" 1/20 of in-batch-negatives training)
 SIZES = (6, 12)  # all-MiniLM-L6-v2: layers x heads
-METRICS = ("accuracy", "loss")
-TABLES = (
-    "importance",
-    "importance_raw",
-    "ablation_drops",
-    "ablation_loss_increase",
-)  # (L, H) in the study  # what curves and ablations measure: accuracy@1, and the retrieval loss
+METRICS = ("accuracy", "loss")  # what curves and ablations measure: accuracy@1, and the retrieval loss
+TABLES = ("importance", "importance_raw", "ablation_drops", "ablation_loss_increase")  # (L, H) in the study
 
 
 def load_paraphrases(split: str = "all") -> list[tuple[str, str]]:
@@ -114,9 +110,9 @@ def _embed(model, batches, head_mask=None) -> torch.Tensor:
     return _gather([model.encode(ids, mask, head_mask=head_mask) for _, ids, mask in batches], batches)
 
 
-def _scores(embeddings: torch.Tensor, scale: float = SCALE) -> dict[str, float]:
-    """From the (2N, d) unit embeddings: "accuracy" (@1: sentence i's nearest paraphrase is paraphrase i) and
-    "loss", the retrieval loss of ``retrieval_loss`` over all N pairs at once (lower is better)."""
+def embedding_scores(embeddings: torch.Tensor, scale: float = SCALE) -> dict[str, float]:
+    """From the (2N, d) unit embeddings of N sentences, then their N paraphrases: "accuracy" (@1: sentence i's
+    nearest paraphrase is paraphrase i) and "loss", ``retrieval_loss`` over all N pairs at once (lower is better)."""
     n = len(embeddings) // 2
     similarity = embeddings[:n] @ embeddings[n:].T  # (N, N) cosines: sentences x paraphrases
     target = torch.arange(n, device=similarity.device)
@@ -139,7 +135,7 @@ def retrieval_accuracy(model, pairs, head_mask=None, batch_size: int = 64) -> fl
     """Accuracy@1, sentence -> paraphrase, among all the paraphrases of ``pairs`` (ties go to the first)."""
     pairs = _checked(model, pairs, head_mask, batch_size)
     with torch.no_grad():
-        return _scores(_embed(model, _batches(model, pairs, batch_size), head_mask))["accuracy"]
+        return embedding_scores(_embed(model, _batches(model, pairs, batch_size), head_mask))["accuracy"]
 
 
 # ---- gradient importance -----------------------------------------------------------------------------------------
@@ -191,9 +187,9 @@ def _embed_from(model, hidden, mask, layer: int, row) -> torch.Tensor:
 
 
 def _scores_from(model, cache, batches, layer: int, row=None) -> dict[str, float]:
-    """``_scores`` from the cached hidden states entering ``layer`` (``layer`` = L: the full model)."""
+    """``embedding_scores`` from the cached hidden states entering ``layer`` (``layer`` = L: the full model)."""
     pieces = [_embed_from(model, h[layer], b[2], layer, row) for h, b in zip(cache, batches, strict=True)]
-    return _scores(_gather(pieces, batches))
+    return embedding_scores(_gather(pieces, batches))
 
 
 def _ablations(model, pairs, batch_size: int) -> tuple[dict, dict]:
@@ -234,7 +230,7 @@ def _curve_scores(model, pairs, order, counts, batch_size: int) -> dict[str, lis
     batches = _batches(model, pairs, batch_size)
     device = next(model.parameters()).device
     with torch.no_grad():
-        points = [_scores(_embed(model, batches, pruning.order_mask(sizes, order, n, device))) for n in counts]
+        points = [embedding_scores(_embed(model, batches, pruning.order_mask(sizes, order, n, device))) for n in counts]
     return {metric: [p[metric] for p in points] for metric in METRICS}
 
 

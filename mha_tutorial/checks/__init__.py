@@ -15,7 +15,13 @@ from ._common import CheckFailed, NotAttempted
 from .nb01 import check_attention_entropy, check_softmax, check_temperature_attention
 from .nb01a import check_jacobian_norm, check_tempered_jacobian
 from .nb02 import check_causal_mask, check_masked_softmax, check_padding_mask
-from .nb03 import check_average_heads, check_expand_valid_lens, check_transpose_output, check_transpose_qkv
+from .nb03 import (
+    check_average_heads,
+    check_expand_kv_heads,
+    check_expand_valid_lens,
+    check_transpose_output,
+    check_transpose_qkv,
+)
 from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
 from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy, check_to_torch_attention
 from .nb05a import check_load_predictions
@@ -36,6 +42,7 @@ __all__ = [
     "check_transpose_qkv",
     "check_transpose_output",
     "check_expand_valid_lens",
+    "check_expand_kv_heads",
     "check_average_heads",
     "check_tempered_jacobian",
     "check_jacobian_norm",

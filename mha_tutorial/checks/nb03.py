@@ -5,7 +5,7 @@ different, so that a rearrangement that puts even one number in the wrong
 place is caught, and compares it with the package's reference. When the answer
 is wrong in a way that learners often get it wrong (no permute before the
 reshape, heads folded head-major instead of batch-major, ``repeat`` instead of
-``repeat_interleave``), the message names that mistake.
+``repeat_interleave``, for lengths or for shared key/value heads), the message names that mistake.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from .. import heads as _heads
 from ..heads import transpose_qkv
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_transpose_qkv", "check_transpose_output", "check_expand_valid_lens", "check_average_heads"]
+__all__ = [
+    "check_transpose_qkv",
+    "check_transpose_output",
+    "check_expand_valid_lens",
+    "check_expand_kv_heads",
+    "check_average_heads",
+]
 
 # What the exercises ask the learner to write, already in the package: calling it is refused.
 _PACKAGE_HEADS = {
@@ -183,20 +189,75 @@ def check_expand_valid_lens(fn) -> None:
     passed("check_expand_valid_lens", len(_LENS_CASES))
 
 
-# (batch, heads, queries, keys): B != H everywhere, so that unfolding the rows head-major gives other numbers;
-# in the first case H == Q, so that a mean over the queries keeps the right shape and is caught by its values.
+# (batch, steps, kv_heads, heads, head_size): B > 1 everywhere; G = 1 is multi-query attention; in the
+# other cases G > 1 and H/G > 1, so tiling the K/V heads gives other numbers than repeating each in place.
+_KV_CASES = [(2, 3, 2, 4, 2), (3, 2, 1, 3, 2), (2, 2, 3, 6, 1), (2, 3, 2, 6, 2)]
+
+
+@friendly
+def check_expand_kv_heads(fn) -> None:
+    """``fn(kv, num_kv_heads, num_heads)``: folded (B*G, T, d) -> (B*H, T, d), row b*H + h = row b*G + h // (H/G)."""
+    for batch, steps, kv_heads, heads, size in _KV_CASES:
+        kv = transpose_qkv(_labelled(batch, steps, kv_heads, size), kv_heads)  # (B*G, T, d), row b*G + g
+        group = heads // kv_heads  # query heads per K/V head
+        case = f"kv of shape {tuple(kv.shape)}, num_kv_heads={kv_heads}, num_heads={heads}"
+        actual = _as_cpu(call(fn, kv.clone(), kv_heads, heads, case=case), case)
+        expected = torch.repeat_interleave(kv, group, dim=0)  # (B*H, T, d)
+        if actual.dim() == 1:
+            raise CheckFailed(
+                f"{case}: got a flat tensor of shape {tuple(actual.shape)}: repeat_interleave without dim "
+                f"flattens its input first; pass dim=0 to repeat the rows"
+            )
+        if tuple(actual.shape) == (batch * kv_heads, steps * group, size):
+            raise CheckFailed(f"{case}: repeated along the positions axis; repeat the rows (dim=0), one per query head")
+        if kv_heads != group and tuple(actual.shape) == (batch * kv_heads * kv_heads, steps, size):
+            raise CheckFailed(
+                f"{case}: each row was repeated G = num_kv_heads = {kv_heads} times; each K/V head serves "
+                f"H/G = {group} query heads, so repeat each row H/G times"
+            )
+        expect_shape(actual, expected.shape, case)
+        if torch.equal(actual, expected):
+            continue
+        mistake = _first_match(
+            actual,
+            [
+                (
+                    "looks like `repeat` instead of `repeat_interleave`: `repeat` tiles all B*G rows, so row "
+                    "b*H + h gets row (b*H + h) mod (B*G), often another example's keys; each row must be "
+                    "repeated H/G times in place",
+                    kv.repeat(group, 1, 1),
+                ),
+                (
+                    "query head h got K/V head h mod G: the K/V heads were tiled within each example; "
+                    "consecutive query heads share a K/V head, so query head h needs K/V head h // (H/G)",
+                    kv.unflatten(0, (batch, kv_heads)).repeat(1, group, 1, 1).flatten(0, 1),
+                ),
+            ],
+        )
+        if mistake:
+            raise CheckFailed(f"{case}: {mistake}")
+        where = tuple(int(i) for i in (actual != expected).nonzero()[0])
+        raise CheckFailed(
+            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected "
+            f"{int(expected[where])} (kv holds 1000*b + 100*t + 10*g + j for example b, position t, "
+            f"K/V head g, feature j)"
+        )
+    passed("check_expand_kv_heads", len(_KV_CASES))
+
+
+# (batch, heads, queries, keys): B != H everywhere, so that unfolding the rows batch-major gives other numbers.
 _AVERAGE_CASES = [(3, 2, 2, 4), (2, 3, 4, 5), (4, 2, 4, 6)]
 
 
 def _folded_weights(batch: int, heads: int, queries: int, keys: int, seed: int) -> torch.Tensor:
-    """(B*H, Q, K) attention weights, batch-major, every row a different distribution over the keys."""
-    scores = torch.randn(batch * heads, queries, keys, generator=torch.Generator().manual_seed(seed))
+    """(H*B, Q, K) attention weights, folded head-major, every row a different distribution over the keys."""
+    scores = torch.randn(heads * batch, queries, keys, generator=torch.Generator().manual_seed(seed))
     return torch.softmax(2.0 * scores, dim=-1)
 
 
 @friendly
 def check_average_heads(fn) -> None:
-    """``fn(weights, num_heads)``: folded weights (B*H, Q, K) -> each example's mean over its heads, (B, Q, K)."""
+    """``fn(weights, num_heads)``: head-major weights (H*B, Q, K), row h*B + b -> each example's head mean (B, Q, K)."""
     for seed, (batch, heads, queries, keys) in enumerate(_AVERAGE_CASES):
         weights = _folded_weights(batch, heads, queries, keys, seed)
         case = f"weights of shape {tuple(weights.shape)}, num_heads={heads} (so B={batch})"
@@ -206,23 +267,19 @@ def check_average_heads(fn) -> None:
                 f"{case}: got shape {tuple(actual.shape)}, one matrix per head: you averaged over the examples; "
                 f"average over the head axis, expected shape {(batch, queries, keys)}"
             )
-        if tuple(actual.shape) == (batch, heads, keys) and heads != queries:
+        if tuple(actual.shape) in {(heads, batch, keys), (batch, heads, keys)} - {(batch, queries, keys)}:
             raise CheckFailed(f"{case}: got shape {tuple(actual.shape)}: you averaged over the queries, not the heads")
-        expected = weights.reshape(batch, heads, queries, keys).mean(dim=1)  # (B, Q, K)
+        expected = weights.reshape(heads, batch, queries, keys).mean(dim=0)  # (B, Q, K)
         expect_shape(actual, expected.shape, case)
         mistakes = [
             (
-                "the rows were unfolded head-major (row h*B + b), but folded rows are batch-major (row b*H + h): "
-                "your average mixes the heads of different examples",
-                weights.reshape(heads, batch, queries, keys).mean(dim=0),
+                "the rows were unfolded batch-major (row b*H + h, the order transpose_qkv uses), but these rows "
+                "are head-major (row h*B + b): your average mixes the heads of different examples",
+                weights.reshape(batch, heads, queries, keys).mean(dim=1),
             ),
             (
                 "summed the heads instead of averaging them: each row of the result must still sum to 1",
-                weights.reshape(batch, heads, queries, keys).sum(dim=1),
-            ),
-            (
-                "averaged over the queries instead of the heads",
-                weights.reshape(batch, heads, queries, keys).mean(dim=2) if heads == queries else None,
+                weights.reshape(heads, batch, queries, keys).sum(dim=0),
             ),
         ]
         diagnose(actual.detach().cpu(), expected, mistakes, case, atol=1e-6)

@@ -9,6 +9,7 @@ from mha_tutorial import transpose_output, transpose_qkv
 from mha_tutorial.checks import (
     CheckFailed,
     check_average_heads,
+    check_expand_kv_heads,
     check_expand_valid_lens,
     check_transpose_output,
     check_transpose_qkv,
@@ -154,8 +155,52 @@ def test_the_package_functions_are_refused(check, fn, words):
     assert words in str(info.value)
 
 
+def kv_right(kv, num_kv_heads, num_heads):
+    return torch.repeat_interleave(kv, num_heads // num_kv_heads, dim=0)
+
+
+def kv_right_by_expand(kv, num_kv_heads, num_heads):
+    group = num_heads // num_kv_heads
+    return kv[:, None].expand(kv.shape[0], group, *kv.shape[1:]).flatten(0, 1)  # (B*G, r, T, d) -> (B*H, T, d)
+
+
+def test_expand_kv_heads_accepts_right_answers(capsys):
+    check_expand_kv_heads(kv_right)
+    check_expand_kv_heads(kv_right_by_expand)
+    assert capsys.readouterr().out.count("✓ check_expand_kv_heads: passed on 4 cases") == 2
+
+
+def kv_within_example(kv, num_kv_heads, num_heads):
+    group = num_heads // num_kv_heads
+    return kv.unflatten(0, (-1, num_kv_heads)).repeat(1, group, 1, 1).flatten(0, 1)  # head h -> K/V head h mod G
+
+
+def kv_off_by_one(kv, num_kv_heads, num_heads):
+    out = kv_right(kv, num_kv_heads, num_heads).clone()
+    out[-1, -1, -1] += 1
+    return out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda kv, G, H: kv.repeat(H // G, 1, 1), "`repeat` instead of `repeat_interleave`"),
+        (kv_within_example, "K/V head h mod G"),
+        (lambda kv, G, H: torch.repeat_interleave(kv, G, dim=0), "repeated G = num_kv_heads"),
+        (lambda kv, G, H: torch.repeat_interleave(kv, H // G, dim=1), "positions axis"),
+        (lambda kv, G, H: torch.repeat_interleave(kv, H // G), "pass dim=0"),
+        (lambda kv, G, H: kv, "wrong shape"),
+        (kv_off_by_one, "wrong values, first at index"),
+    ],
+)
+def test_expand_kv_heads_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_expand_kv_heads(wrong)
+    assert words in str(info.value)
+
+
 def average_right(weights, num_heads):
-    return weights.unflatten(0, (-1, num_heads)).mean(dim=1)  # (B*H, Q, K) -> (B, H, Q, K) -> (B, Q, K)
+    return weights.unflatten(0, (num_heads, -1)).mean(dim=0)  # head-major (H*B, Q, K) -> (H, B, Q, K) -> (B, Q, K)
 
 
 def test_average_heads_accepts_the_right_answer(capsys):
@@ -166,11 +211,11 @@ def test_average_heads_accepts_the_right_answer(capsys):
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (lambda w, H: w.reshape(H, -1, *w.shape[1:]).mean(dim=0), "head-major"),
-        (lambda w, H: w.unflatten(0, (-1, H)).sum(dim=1), "summed the heads"),
-        (lambda w, H: w.unflatten(0, (-1, H)).mean(dim=0), "averaged over the examples"),
-        (lambda w, H: w.unflatten(0, (-1, H)).mean(dim=2), "averaged over the queries"),
-        (lambda w, H: w.unflatten(0, (-1, H))[:, 0], "wrong values"),
+        (lambda w, H: w.unflatten(0, (-1, H)).mean(dim=1), "unfolded batch-major"),
+        (lambda w, H: w.unflatten(0, (H, -1)).sum(dim=0), "summed the heads"),
+        (lambda w, H: w.unflatten(0, (H, -1)).mean(dim=1), "averaged over the examples"),
+        (lambda w, H: w.unflatten(0, (H, -1)).mean(dim=2), "averaged over the queries"),
+        (lambda w, H: w.unflatten(0, (H, -1))[0], "wrong values"),
     ],
 )
 def test_average_heads_names_mistakes(wrong, words):

@@ -286,7 +286,7 @@ def test_the_notebooks_buggy_accuracy_is_named_and_each_fix_alone_still_fails():
 
 
 def test_the_packages_own_implementations_are_refused():
-    from mha_tutorial.retrieval import _scores
+    from mha_tutorial.retrieval import embedding_scores
 
     fails_with(check_masked_mean_pool, mean_pool, "your function calls mha_tutorial.bert.mean_pool")
     fails_with(
@@ -294,6 +294,6 @@ def test_the_packages_own_implementations_are_refused():
     )
 
     def via_scores(queries, candidates):
-        return _scores(torch.cat([F.normalize(queries, dim=1), F.normalize(candidates, dim=1)]))["accuracy"]
+        return embedding_scores(torch.cat([F.normalize(queries, dim=1), F.normalize(candidates, dim=1)]))["accuracy"]
 
-    fails_with(check_accuracy_at_1, via_scores, "retrieval._scores")
+    fails_with(check_accuracy_at_1, via_scores, "retrieval.embedding_scores")
