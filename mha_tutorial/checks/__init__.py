@@ -25,7 +25,13 @@ from .nb03 import (
 from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
 from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy, check_to_torch_attention
 from .nb05a import check_load_predictions
-from .nb06 import check_cell_average, check_induction_score, check_normalized_entropy, check_previous_token_score
+from .nb06 import (
+    check_cell_average,
+    check_induction_score,
+    check_normalized_entropy,
+    check_previous_token_score,
+    check_torch_head_maps,
+)
 from .nb07 import check_head_importance, check_params_after_pruning, check_pruning_order
 from .nb08 import check_fixed_attention
 from .nb09 import check_accuracy_at_1, check_masked_mean_pool, check_sep_share
@@ -60,6 +66,7 @@ __all__ = [
     "check_cell_average",
     "check_previous_token_score",
     "check_induction_score",
+    "check_torch_head_maps",
     "check_head_importance",
     "check_pruning_order",
     "check_params_after_pruning",

@@ -27,8 +27,15 @@ from ._nb06_mistakes import (
     induction_variant,
     previous_variant,
 )
+from ._nb06_torch import check_torch_head_maps
 
-__all__ = ["check_cell_average", "check_induction_score", "check_normalized_entropy", "check_previous_token_score"]
+__all__ = [
+    "check_cell_average",
+    "check_induction_score",
+    "check_normalized_entropy",
+    "check_previous_token_score",
+    "check_torch_head_maps",
+]
 
 # The package's own versions of what the exercises ask for: a check refuses them.
 _PACKAGE_ENTROPY = {normalized_entropy: "mha_tutorial.head_stats.normalized_entropy"}

@@ -14,6 +14,7 @@ from mha_tutorial.checks import (
     check_induction_score,
     check_normalized_entropy,
     check_previous_token_score,
+    check_torch_head_maps,
     nb06,
 )
 from mha_tutorial.checks import _nb06_mistakes as mistakes
@@ -284,6 +285,7 @@ def test_every_check_is_exported():
         "check_normalized_entropy",
         "check_previous_token_score",
         "check_induction_score",
+        "check_torch_head_maps",
     }
 
 
@@ -342,3 +344,58 @@ def test_cell_average_check_refuses_average_attention():
 
     with pytest.raises(CheckFailed, match="average_attention"):
         check_cell_average(sneaky)
+
+
+# ---------------------------------------------------------------- Exercise 3: maps from nn.MultiheadAttention
+
+
+def _pad(x, valid_lens):
+    return torch.arange(x.shape[1])[None] >= valid_lens[:, None]  # (B, T): True = padding
+
+
+def torch_maps_right(mha, x, valid_lens):
+    mha.eval()
+    _, w = mha(x, x, x, key_padding_mask=_pad(x, valid_lens), average_attn_weights=False)
+    return w  # (B, H, T, T)
+
+
+def test_torch_maps_check_accepts_the_right_answer(capsys):
+    check_torch_head_maps(torch_maps_right)
+    assert "✓ check_torch_head_maps: passed on 3 cases" in capsys.readouterr().out
+
+
+def _train_mode(mha, x, valid_lens):
+    return mha(x, x, x, key_padding_mask=_pad(x, valid_lens), average_attn_weights=False)[1]
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda m, x, v: m.eval()(x, x, x, key_padding_mask=_pad(x, v))[1], "average_attn_weights=False"),
+        (_train_mode, "mha.eval()"),
+        (lambda m, x, v: m.eval()(x, x, x, average_attn_weights=False)[1], "padded keys got weight"),
+        (lambda m, x, v: m.eval()(x, x, x, key_padding_mask=~_pad(x, v), average_attn_weights=False)[1], "padding"),
+        (lambda m, x, v: m.eval()(x, x, x, key_padding_mask=_pad(x, v), need_weights=False)[1], "need_weights"),
+        (lambda m, x, v: torch_maps_right(m, x, v) * 0.5, "rows do not sum to 1"),
+        (lambda m, x, v: torch_maps_right(m, x, v).flip(-1), "wrong"),
+    ],
+)
+def test_torch_maps_check_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_torch_head_maps(wrong)
+    assert words in str(info.value)
+
+
+def test_torch_maps_check_refuses_collect_attention():
+    from mha_tutorial.maps import collect_attention
+    from mha_tutorial.tasks import load_split
+    from mha_tutorial.train import load_pretrained
+
+    model, example = load_pretrained("reversal", device="cpu"), load_split("reversal", "eval")[0]
+
+    def sneaky(mha, x, valid_lens):
+        collect_attention(model, "reversal", example)
+        return torch_maps_right(mha, x, valid_lens)
+
+    with pytest.raises(CheckFailed, match="collect_attention"):
+        check_torch_head_maps(sneaky)
