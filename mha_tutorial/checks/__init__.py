@@ -32,8 +32,8 @@ from .nb06 import (
     check_previous_token_score,
     check_torch_head_maps,
 )
-from .nb07 import check_head_importance, check_params_after_pruning, check_pruning_order
-from .nb08 import check_fixed_attention
+from .nb07 import check_delta_loss, check_head_importance, check_params_after_pruning, check_pruning_order
+from .nb08 import check_fixed_attention, check_smoke_predictions
 from .nb09 import check_accuracy_at_1, check_masked_mean_pool, check_sep_share
 
 __all__ = [
@@ -70,7 +70,9 @@ __all__ = [
     "check_head_importance",
     "check_pruning_order",
     "check_params_after_pruning",
+    "check_delta_loss",
     "check_fixed_attention",
+    "check_smoke_predictions",
     "check_masked_mean_pool",
     "check_sep_share",
     "check_accuracy_at_1",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.nn import functional as F
 
 from ..attention import masked_softmax, scaled_dot_product_attention
 from ..masks import padding_mask
@@ -31,7 +32,7 @@ from ._common import (
     refusing,
 )
 
-__all__ = ["check_fixed_attention"]
+__all__ = ["check_fixed_attention", "check_smoke_predictions"]
 
 # The exercise is to find and fix the bugs, so a finished attention refuses: the package's and PyTorch's. The
 # masked softmax is allowed: section 8 names mha_tutorial.masked_softmax as the fix for the empty row.
@@ -227,3 +228,107 @@ def check_fixed_attention(fixed_attention) -> None:
                 )
         expect_close(output, expected_output, case + " (output)", atol=1e-5)
     passed("check_fixed_attention", len(_CASES))
+
+
+# Exercise 2: predict which checks of section 12's smoke test three new buggy variants fail. The check runs its
+# own copy of the smoke test on its own copy of the variants, so the truth is measured, not stored.
+SMOKE_COLUMNS = ["runs", "rows sum to 1", "masked = 0", "no NaN", "= F.sdpa"]
+
+
+def _real_keys(valid_lens, num_keys):
+    return (torch.arange(num_keys) < valid_lens[:, None])[:, None, None]  # (B, 1, 1, K): True = real key
+
+
+def _zeroed_after_softmax(q, k, v, valid_lens):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
+    weights = scores.softmax(dim=-1).masked_fill(~_real_keys(valid_lens, k.shape[-2]), 0.0)  # not renormalised
+    return weights @ v, weights
+
+
+def _float_mask_added(q, k, v, valid_lens):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
+    weights = (scores + _real_keys(valid_lens, k.shape[-2]).float()).softmax(dim=-1)  # adds 1 to real keys
+    return weights @ v, weights
+
+
+def _int_mask(q, k, v, valid_lens):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
+    padded = 1 - _real_keys(valid_lens, k.shape[-2]).int()  # (B, 1, 1, K): 1 = padded, an int tensor
+    weights = scores.masked_fill(padded, torch.finfo(scores.dtype).min).softmax(dim=-1)  # an int mask
+    return weights @ v, weights
+
+
+SMOKE_VARIANTS = {
+    "A: zeroed after softmax": _zeroed_after_softmax,
+    "B: float mask added": _float_mask_added,
+    "C: int mask": _int_mask,
+}
+
+# Why each variant passes or fails each check; the message quotes the one the prediction got wrong.
+_WHY = {
+    "A: zeroed after softmax": {
+        "runs": "every operation is valid, so it runs",
+        "rows sum to 1": "the softmax ran over all keys, so zeroing the padded ones leaves rows that sum to less than 1",
+        "masked = 0": "masked_fill(..., 0.0) after the softmax puts exactly 0 on every masked key",
+        "no NaN": "no -inf is ever used: the empty example gets a softmax over padding, then zeros",
+        "= F.sdpa": "the kept weights were normalised over the padding too, so the output differs",
+    },
+    "B: float mask added": {
+        "runs": "adding a float tensor is valid, so it runs",
+        "rows sum to 1": "the softmax still normalises each row over all keys, so rows sum to 1",
+        "masked = 0": "a float mask is added (section 10): +1 on real keys, +0 on padding, which hides nothing",
+        "no NaN": "no -inf is used, so there is no 0 / 0",
+        "= F.sdpa": "the padded keys keep weight, so the output differs",
+    },
+    "C: int mask": {
+        "runs": "masked_fill only supports boolean masks: an int mask raises RuntimeError",
+        "rows sum to 1": "the function raised, so this check is not run ('-')",
+        "masked = 0": "the function raised, so this check is not run ('-')",
+        "no NaN": "the function raised, so this check is not run ('-')",
+        "= F.sdpa": "the function raised, so this check is not run ('-')",
+    },
+}
+
+
+def smoke_failures(fn) -> set:
+    """The checks of notebook 08's smoke test that ``fn(q, k, v, valid_lens)`` fails ('runs' alone if it raises)."""
+    g = torch.Generator().manual_seed(0)
+    B, H, Q, K, d = 3, 2, 4, 5, 8  # B != Q, H > 1
+    q, k, v = (torch.randn(B, H, n, d, generator=g).requires_grad_() for n in (Q, K, K))  # (B, H, n, d)
+    valid_lens = torch.tensor([5, 2, 0])  # (B,): unequal lengths, one empty sequence
+    keep = _real_keys(valid_lens, K).expand(B, H, Q, K)  # (B, H, Q, K)
+    try:
+        out, w = fn(q, k, v, valid_lens)
+    except (RuntimeError, ValueError):
+        return {"runs"}
+    out.pow(2).sum().backward()
+    passes = {
+        "rows sum to 1": torch.allclose(w.sum(-1)[valid_lens > 0], torch.ones(1)),
+        "masked = 0": bool(w[~keep].eq(0).all()),
+        "no NaN": not any(t.isnan().any() for t in (out, w, q.grad, k.grad, v.grad)),
+        "= F.sdpa": torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=keep), atol=1e-5),
+    }
+    return {column for column, ok in passes.items() if not ok}
+
+
+@friendly
+def check_smoke_predictions(predicted_failures) -> None:
+    """``predicted_failures()`` -> {variant: set of the smoke test's columns it fails}, for SMOKE_VARIANTS."""
+    case = "predicted_failures()"
+    predictions = call(predicted_failures, case=case)
+    if not isinstance(predictions, dict) or set(predictions) != set(SMOKE_VARIANTS):
+        raise CheckFailed(f"{case}: return a dict with one entry per variant, keys {sorted(SMOKE_VARIANTS)}")
+    for name, fn in SMOKE_VARIANTS.items():
+        predicted = predictions[name]
+        if not isinstance(predicted, (set, frozenset, list, tuple)) or not set(predicted) <= set(SMOKE_COLUMNS):
+            raise CheckFailed(f"{case}[{name!r}]: give a set of column names, each one of {SMOKE_COLUMNS}")
+        actual = smoke_failures(fn)
+        for column in SMOKE_COLUMNS:
+            if (column in predicted) != (column in actual):
+                said, truth = ("fails", "passes") if column in predicted else ("passes", "fails")
+                if name.startswith("C") and column != "runs":
+                    said, truth = ("fails", "is not run")
+                raise CheckFailed(
+                    f"{name}: you predicted that it {said} '{column}', but it {truth}: {_WHY[name][column]}"
+                )
+    passed("check_smoke_predictions", len(SMOKE_VARIANTS))

@@ -157,3 +157,57 @@ def test_wrong_return_values_are_reported():
     right = make_attention()
     fails_with(lambda q, k, v, lens, h: right(q, k, v, lens, h)[0], "return a pair")
     fails_with(lambda q, k, v, lens, h: right(q, k, v, lens, h)[::-1], "wrong shape")
+
+
+# Exercise 2: predict which smoke-test checks three new variants fail.
+RIGHT_PREDICTIONS = {
+    "A: zeroed after softmax": {"rows sum to 1", "= F.sdpa"},
+    "B: float mask added": {"masked = 0", "= F.sdpa"},
+    "C: int mask": {"runs"},
+}
+
+
+def test_smoke_predictions_right_answer_passes(capsys):
+    from mha_tutorial.checks import check_smoke_predictions
+
+    check_smoke_predictions(lambda: RIGHT_PREDICTIONS)
+    check_smoke_predictions(lambda: {name: list(cols) for name, cols in RIGHT_PREDICTIONS.items()})
+    assert capsys.readouterr().out.count("✓ check_smoke_predictions: passed on 3 cases") == 2
+
+
+def test_smoke_truth_is_measured_and_a_right_attention_passes_every_check():
+    from mha_tutorial.checks import nb08
+
+    assert {name: nb08.smoke_failures(fn) for name, fn in nb08.SMOKE_VARIANTS.items()} == RIGHT_PREDICTIONS
+    assert nb08.smoke_failures(lambda q, k, v, lens: nb08.scaled_dot_product_attention(q, k, v, lens)) == set()
+
+
+@pytest.mark.parametrize(
+    "variant, wrong, fragment",
+    [
+        (
+            "A: zeroed after softmax",
+            {"rows sum to 1", "masked = 0", "= F.sdpa"},
+            "predicted that it fails 'masked = 0'",
+        ),
+        ("A: zeroed after softmax", {"= F.sdpa"}, "sum to less than 1"),
+        ("A: zeroed after softmax", {"rows sum to 1", "no NaN", "= F.sdpa"}, "no -inf is ever used"),
+        ("B: float mask added", {"= F.sdpa"}, "hides nothing"),
+        ("B: float mask added", {"rows sum to 1", "masked = 0", "= F.sdpa"}, "rows sum to 1"),
+        ("C: int mask", {"masked = 0", "= F.sdpa"}, "only supports boolean masks"),
+        ("C: int mask", {"runs", "= F.sdpa"}, "not run ('-')"),
+    ],
+)
+def test_each_wrong_prediction_is_named(variant, wrong, fragment):
+    from mha_tutorial.checks import check_smoke_predictions
+
+    predictions = {**RIGHT_PREDICTIONS, variant: wrong}
+    check_fails_with(check_smoke_predictions, lambda: predictions, variant, fragment)
+
+
+def test_malformed_predictions_are_reported():
+    from mha_tutorial.checks import check_smoke_predictions
+
+    check_fails_with(check_smoke_predictions, lambda: {"A": set()}, "one entry per variant")
+    bad = {**RIGHT_PREDICTIONS, "C: int mask": {"crashes"}}
+    check_fails_with(check_smoke_predictions, lambda: bad, "set of column names")
