@@ -21,6 +21,7 @@ from .nb03 import (
     check_expand_valid_lens,
     check_transpose_output,
     check_transpose_qkv,
+    check_transpose_qkv_seq_first,
 )
 from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
 from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy, check_to_torch_attention
@@ -46,6 +47,7 @@ __all__ = [
     "check_padding_mask",
     "check_masked_softmax",
     "check_transpose_qkv",
+    "check_transpose_qkv_seq_first",
     "check_transpose_output",
     "check_expand_valid_lens",
     "check_expand_kv_heads",

@@ -18,6 +18,7 @@ from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, f
 
 __all__ = [
     "check_transpose_qkv",
+    "check_transpose_qkv_seq_first",
     "check_transpose_output",
     "check_expand_valid_lens",
     "check_expand_kv_heads",
@@ -104,6 +105,59 @@ def check_transpose_qkv(fn) -> None:
             f"position t, head h, feature j)"
         )
     passed("check_transpose_qkv", len(_CASES))
+
+
+# (batch, steps, heads, head_size) for the sequence-first exercise: one case has T == B, so that
+# a result with T and B swapped has the right shape and is told apart by its values.
+_SEQ_CASES = [(2, 3, 2, 2), (3, 3, 2, 2), (3, 4, 4, 3)]
+
+
+@friendly
+def check_transpose_qkv_seq_first(fn) -> None:
+    """``fn(X, num_heads)``: sequence-first (T, B, H*d) -> (B*H, T, d), row b*H + h = head h of example b."""
+    for batch, steps, heads, size in _SEQ_CASES:
+        X = _labelled(batch, steps, heads, size).transpose(0, 1).contiguous()  # (T, B, H*d)
+        case = f"sequence-first X of shape {tuple(X.shape)} = (T, B, H*d), num_heads={heads}"
+        with refusing(_PACKAGE_HEADS):
+            actual = _as_cpu(call(fn, X.clone(), heads, case=case), case)
+        split = X.reshape(steps, batch, heads, size)  # (T, B, H, d)
+        expected = split.permute(1, 2, 0, 3).reshape(batch * heads, steps, size)
+        if actual.shape == expected.shape and torch.equal(actual, expected):
+            continue
+        mistake = _first_match(
+            actual,
+            [
+                (
+                    "reshaped straight to (B*H, T, d) without a permute: each row is just the next T*d numbers "
+                    "of X, mixing positions, examples and heads; split the last axis into (H, d) first",
+                    X.reshape(batch * heads, steps, size),
+                ),
+                (
+                    "swapped T and B with a transpose, then reshaped without moving the head axis: the rows mix "
+                    "positions and heads; split the last axis into (H, d) and permute so the order is (B, H, T, d)",
+                    X.transpose(0, 1).reshape(batch * heads, steps, size),
+                ),
+                (
+                    "the rows are folded head-major (row h*B + b) instead of batch-major (row b*H + h): "
+                    "the axis order before folding must be (B, H, T, d), not (H, B, T, d)",
+                    split.permute(2, 1, 0, 3).reshape(batch * heads, steps, size),
+                ),
+                (
+                    "treated the input as batch-first (B, T, H*d): the first axis of X is the position T, the "
+                    "second the example B, so the permute must bring axis 1 first and axis 0 third",
+                    split.permute(0, 2, 1, 3).reshape(steps * heads, batch, size),
+                ),
+            ],
+        )
+        if mistake:
+            raise CheckFailed(f"{case}: {mistake}")
+        expect_shape(actual, (batch * heads, steps, size), case)
+        where = tuple(int(i) for i in (actual != expected).nonzero()[0])
+        raise CheckFailed(
+            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected "
+            f"{int(expected[where])} (entry 1000*b + 100*t + 10*h + j is example b, position t, head h, feature j)"
+        )
+    passed("check_transpose_qkv_seq_first", len(_SEQ_CASES))
 
 
 @friendly

@@ -13,6 +13,7 @@ from mha_tutorial.checks import (
     check_expand_valid_lens,
     check_transpose_output,
     check_transpose_qkv,
+    check_transpose_qkv_seq_first,
 )
 
 
@@ -222,3 +223,61 @@ def test_average_heads_names_mistakes(wrong, words):
     with pytest.raises(CheckFailed) as info:
         check_average_heads(wrong)
     assert words in str(info.value)
+
+
+def seq_right(X, num_heads):
+    T, B, D = X.shape
+    return X.reshape(T, B, num_heads, D // num_heads).permute(1, 2, 0, 3).reshape(B * num_heads, T, D // num_heads)
+
+
+def seq_no_permute(X, num_heads):
+    T, B, D = X.shape
+    return X.reshape(B * num_heads, T, D // num_heads)
+
+
+def seq_transpose_only(X, num_heads):
+    T, B, D = X.shape
+    return X.transpose(0, 1).reshape(B * num_heads, T, D // num_heads)
+
+
+def seq_head_major(X, num_heads):
+    T, B, D = X.shape
+    return X.reshape(T, B, num_heads, D // num_heads).permute(2, 1, 0, 3).reshape(B * num_heads, T, D // num_heads)
+
+
+def seq_batch_first(X, num_heads):  # the batch-first recipe applied to a sequence-first input
+    T, B, D = X.shape
+    return X.reshape(T, B, num_heads, D // num_heads).permute(0, 2, 1, 3).reshape(T * num_heads, B, D // num_heads)
+
+
+def test_transpose_qkv_seq_first_accepts_right_answers(capsys):
+    check_transpose_qkv_seq_first(seq_right)
+    check_transpose_qkv_seq_first(lambda X, H: X.unflatten(-1, (H, -1)).permute(1, 2, 0, 3).flatten(0, 1))
+    assert "✓ check_transpose_qkv_seq_first: passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (seq_no_permute, "without a permute"),
+        (seq_transpose_only, "swapped T and B with a transpose"),
+        (seq_head_major, "head-major"),
+        (seq_batch_first, "treated the input as batch-first"),
+        (lambda X, H: seq_right(X, H) + 1, "wrong values, first at index (0, 0, 0)"),
+        (lambda X, H: seq_right(X, H)[None], "shape"),
+    ],
+)
+def test_transpose_qkv_seq_first_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_transpose_qkv_seq_first(wrong)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda X, H: transpose_qkv(X.transpose(0, 1), H), lambda X, H: transpose_qkv(X.transpose(0, 1).clone(), H) * 1],
+)
+def test_transpose_qkv_seq_first_refuses_the_package(fn):
+    with pytest.raises(CheckFailed, match="write that step yourself") as info:
+        check_transpose_qkv_seq_first(fn)
+    assert "mha_tutorial.transpose_qkv" in str(info.value)

@@ -508,3 +508,47 @@ def test_pruning_diagram_shows_the_gate_shapes_in_readable_type():
     assert {"head_mask ξ", "(L, H)", "pruning.pruned_copy", "W_o weight: (D, D) → (D, D − n·d)"} <= set(texts)
     assert min(t.get_fontsize() for t in ax.texts) >= figures.MIN_TICK_PT
     plt.close(fig)
+
+
+def test_transformer_diagram_shows_both_stacks_with_shapes_in_readable_type():
+    fig = figures.transformer_diagram()
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.texts]
+    assert {"src: source ids", "tgt_in: target ids", "cross-attention", "memory M: (B, S, D)", "(B, T, V)"} <= set(
+        texts
+    )
+    assert texts.count("add & norm") == 5  # two sublayers in an encoder block, three in a decoder block
+    assert min(t.get_fontsize() for t in ax.texts) >= figures.MIN_TICK_PT
+    plt.close(fig)
+
+
+def test_mask_viz_hatches_masked_cells_and_names_rows():
+    from mha_tutorial import mask_viz
+
+    keep = causal_mask(3)
+    weights = torch.softmax(torch.zeros(3, 3).masked_fill(~keep, float("-inf")), dim=-1)  # (Q, K)
+    fig = mask_viz.plot_masked_grid([weights], [keep], [["a", "b", "<pad>"]], ["t"], "s", ncols=2)
+    ax = fig.axes[0]
+    assert ax.patch.get_hatch() == "///"
+    assert len(ax.texts) == int(keep.sum())  # annotations only on the visible (unmasked) cells
+    assert not fig.axes[1].get_visible()
+    assert [t.get_color() for t in ax.get_xticklabels()][-1] == "grey"
+    plt.close(fig)
+    assert mask_viz.describe_row(torch.tensor([float("nan"), 0.0])) == "NaN"
+    assert mask_viz.describe_row(torch.zeros(4)) == "zeros ✓"
+    assert mask_viz.describe_row(torch.full((4,), 0.25, dtype=torch.bfloat16)) == "uniform 1/4"
+    assert mask_viz.describe_row(torch.tensor([0.9, 0.1])) == "other"
+    with pytest.raises(ValueError, match="1-D"):
+        mask_viz.describe_row(torch.zeros(2, 2))
+    table, errors = mask_viz.fully_masked_table(
+        {
+            "fill -inf": lambda s, k: torch.softmax(s.masked_fill(~k, float("-inf")), -1),
+            "fill -1e9": lambda s, k: torch.softmax(s.masked_fill(~k, -1e9), -1),
+        },
+        torch.zeros(1, 2, 4),
+        torch.tensor([[[True, False, False, False], [False] * 4]]),
+        (torch.float32, torch.float16),
+    )
+    assert table.loc["fill -inf", "float32"] == "NaN"
+    assert table.loc["fill -1e9", "float32"] == "uniform 1/4"
+    assert table.loc["fill -1e9", "float16"] == "RuntimeError" and "fill -1e9" in errors

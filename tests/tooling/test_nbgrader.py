@@ -5,7 +5,7 @@ One fixture writes the course for notebook 03 (the fastest notebook with exercis
 
 * ``untouched``: the released notebook as handed out; it must score 0 (strict checks);
 * ``correct``: every stub replaced by the worked solution of the companion notebook; full marks;
-* ``mistake``: the same, but exercise 1 tiles the key/value heads with ``repeat``, a classic; the other two points, and the
+* ``mistake``: the same, but exercise 1 folds the rows head-major, a classic; the other two points, and the
   check's diagnosis in the feedback;
 * ``tampered``: untouched stubs, the strict switch deleted from every test cell and switched off again in an
   answer cell; nbgrader restores the locked test cells, which switch strict mode back on, so still 0.
@@ -46,9 +46,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SERIES = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))  # core notebooks and deep dives
 NOTEBOOK = ROOT / "notebooks" / "03_splitting_heads.ipynb"
 ASSIGNMENT = NOTEBOOK.stem
-MISTAKE = "tiles all B*G rows"
-WRONG_EXPAND_KV_HEADS = """def my_expand_kv_heads(kv, num_kv_heads, num_heads):
-    return kv.repeat(num_heads // num_kv_heads, 1, 1)  # tiles the rows instead of repeating each in place
+MISTAKE = "folded head-major (row h*B + b)"
+WRONG_SEQ_FIRST = """def my_transpose_qkv_seq_first(X, num_heads):
+    T, B, D = X.shape  # permutes to (H, B, T, d): the rows come out head-major
+    return X.reshape(T, B, num_heads, D // num_heads).permute(2, 1, 0, 3).reshape(B * num_heads, T, D // num_heads)
 """
 SWITCH_OFF = f'\nimport os\n\nos.environ["{STRICT}"] = "0"\n'
 
@@ -93,7 +94,7 @@ def course(tmp_path_factory):
     students = {
         "untouched": submission(released, {}),
         "correct": submission(released, solutions),
-        "mistake": submission(released, {**solutions, "my_expand_kv_heads": WRONG_EXPAND_KV_HEADS}),
+        "mistake": submission(released, {**solutions, "my_transpose_qkv_seq_first": WRONG_SEQ_FIRST}),
         "tampered": submission(released, {}, tamper=True),
     }
     for student, nb in students.items():
@@ -126,9 +127,9 @@ def test_the_worked_solutions_score_full_marks(course):
 def test_one_mistake_costs_its_point_and_the_feedback_names_it(course):
     assert course.scores["mistake"] == (2, 3)
     assert course.grades["mistake"] == {
-        "ex1_my_expand_kv_heads_check": 0,
-        "ex2_my_transpose_output_check": 1,
-        "ex3_average_heads_check": 1,
+        "ex1_my_transpose_qkv_seq_first_check": 0,
+        "ex2_my_expand_kv_heads_check": 1,
+        "ex3_my_transpose_output_check": 1,
     }
     assert MISTAKE in course.feedback["mistake"]
     assert MISTAKE not in course.feedback["correct"]
