@@ -132,3 +132,86 @@ def pruning_diagram():
     _arrow(ax, (6.8, 1.1), (7.7, 1.1))
     ax.set_title("The pruning experiment: gates in, loss out; scores give an order; the order gives a curve and a cut")
     return fig
+
+
+_ATTN, _NORM, _FFN, _EMB, _OUT = "#cfe2f3", "#eeeeee", "#d9ead3", "#fff2cc", "#f4cccc"
+
+
+def _flow_box(ax, x, y, text, colour, w=2.6):
+    """A rounded box of one line or two, centred at (x, y), 0.6 high."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - 0.3), w, 0.6, boxstyle="round,pad=0.05", fc=colour, ec="0.3"))
+    ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+
+def _flow_arrow(ax, start, end, label=""):
+    """A vertical arrow with the shape of the data that flows along it written beside it."""
+    ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "-|>", "color": "0.2", "lw": 1.2})
+    ax.text(start[0] + 0.12, (start[1] + end[1]) / 2, label, fontsize=8.5, va="center")
+
+
+def _stack_column(ax, x, rows, length, sublayers):
+    """One stack, from the top down: ids, embedding, then (sublayer, add & norm) pairs with their residual paths.
+
+    ``rows`` gives the heights of the ids, the embedding and the first sublayer; ``length`` is "S" (source) or
+    "T" (target). Returns the height of the last add & norm.
+    """
+    from matplotlib.patches import Rectangle
+
+    ax.text(x, rows[0], "src: source ids" if length == "S" else "tgt_in: target ids", ha="center", fontsize=9)
+    _flow_box(ax, x, rows[1], "token embedding + position embedding", _EMB, w=3.6)
+    _flow_arrow(ax, (x, rows[0] - 0.1), (x, rows[1] + 0.35), f"(B, {length})")
+    _flow_arrow(ax, (x, rows[1] - 0.35), (x, rows[2] + 0.35), f"(B, {length}, D)")
+    for i, (name, colour) in enumerate(sublayers):
+        y_sub, y_norm = rows[2] - 2 * i, rows[2] - 2 * i - 1
+        _flow_box(ax, x, y_sub, name, colour)
+        _flow_box(ax, x, y_norm, "add & norm", _NORM)
+        _flow_arrow(ax, (x, y_sub - 0.35), (x, y_norm + 0.35), f"(B, {length}, D)")
+        if i + 1 < len(sublayers):
+            _flow_arrow(ax, (x, y_norm - 0.35), (x, y_norm - 0.65), f"(B, {length}, D)")
+        # the residual path: a sublayer's input also goes to its add & norm
+        ax.plot([x, x - 1.6, x - 1.6], [y_sub + 0.45, y_sub + 0.45, y_norm], color="0.5", lw=1)
+        ax.annotate(
+            "", xy=(x - 1.3, y_norm), xytext=(x - 1.6, y_norm), arrowprops={"arrowstyle": "-|>", "color": "0.5"}
+        )
+    bottom = rows[2] - 2 * len(sublayers) + 1
+    ax.add_patch(Rectangle((x - 1.9, bottom - 0.55), 3.8, rows[2] - bottom + 1.17, fill=False, ls="--", ec="0.4"))
+    ax.text(x - 1.85, rows[2] + 0.85, "× num_enc_layers" if length == "S" else "× num_dec_layers", fontsize=9)
+    return bottom
+
+
+def transformer_diagram():
+    """Notebook 05's map of the encoder–decoder transformer (the dates model), with the shape of the data on every
+    arrow and a note on the encoder-only and decoder-only variants. Returns the figure (end the cell with
+    ``plt.show()``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6.9))
+    ax.set(xlim=(0.3, 10.0), ylim=(-0.45, 10.75))
+    ax.axis("off")
+    xe, xd, rows = 2.4, 7.3, [10.3, 9.2, 7.7]
+    enc_out = _stack_column(
+        ax, xe, rows, "S", [("self-attention\n(padding keys masked)", _ATTN), ("FFN: D → F → D", _FFN)]
+    )
+    decoder = [("causal self-attention", _ATTN), ("cross-attention", _ATTN), ("FFN: D → F → D", _FFN)]
+    dec_out = _stack_column(ax, xd, rows, "T", decoder)
+    _flow_box(ax, xd, 1.1, "output layer: Linear D → V", _OUT, w=3.2)
+    _flow_arrow(ax, (xd, dec_out - 0.35), (xd, 1.45), "(B, T, D)")
+    _flow_arrow(ax, (xd, 0.75), (xd, 0.05), "(B, T, V)")
+    ax.text(xd, -0.25, "logits", ha="center", va="center", fontsize=9)
+    # the encoder's output, the memory, is the keys and values of every cross-attention
+    y_cross, x_turn = 5.7, 4.45
+    ax.plot([xe, xe, x_turn, x_turn], [enc_out - 0.35, 3.5, 3.5, y_cross], color="0.2", lw=1.2)
+    arrowprops = {"arrowstyle": "-|>", "color": "0.2", "lw": 1.2}
+    ax.annotate("", xy=(xd - 1.3, y_cross), xytext=(x_turn, y_cross), arrowprops=arrowprops)
+    ax.text(xe + 0.12, 3.22, "memory M: (B, S, D)", fontsize=8.5)
+    ax.text(x_turn + 0.08, y_cross + 0.1, "keys, values", fontsize=8.5)
+    legend = (
+        "B batch, S source length, T target length,\nD model width, F FFN width, V vocabulary\n\n"
+        "encoder-only (reversal): the left column\n    followed by the output layer\n"
+        "decoder-only (induction): the right column\n    without cross-attention (and, here, F = 0: no FFN)"
+    )
+    ax.text(0.4, 1.9, legend, fontsize=9, va="top")
+    ax.set_title("Data flow of the encoder–decoder transformer (the dates model), shapes on the arrows")
+    return fig
