@@ -158,7 +158,7 @@ def _weights_mistakes(queries, keys, temperature, d):
     r = 1.0 / math.sqrt(d)
     return [
         (
-            "forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / T)",
+            "forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / tau), tau the temperature",
             _weights(queries, keys, temperature, 1.0),
         ),
         ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
@@ -186,7 +186,7 @@ def _weights_mistakes(queries, keys, temperature, d):
 
 @friendly
 def check_temperature_attention(my_attention) -> None:
-    """``my_attention(queries, keys, values, temperature)`` -> (output, weights), softmax(Q K^T / (T sqrt d)) V."""
+    """``my_attention(queries, keys, values, temperature)`` -> (output, weights), softmax(Q K^T / (tau sqrt d)) V."""
     for case, (B, Q, K, d, v), temperature, seed in _ATTENTION_CASES:
         lead = (B, 2) if "4-D" in case else (B,)
         queries = _randn(*lead, Q, d, seed=seed)
