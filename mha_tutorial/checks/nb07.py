@@ -21,8 +21,9 @@ from ..model import ModelConfig, build_model
 from ..tasks import get_task
 from ..train import load_pretrained
 from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed, refusing
+from ._nb07_ablation import check_delta_loss as _check_delta_loss
 
-__all__ = ["check_head_importance", "check_pruning_order", "check_params_after_pruning"]
+__all__ = ["check_head_importance", "check_pruning_order", "check_params_after_pruning", "check_delta_loss"]
 
 # The package's own versions of what exercises 1 and 2 ask for: a check refuses them.
 _PACKAGE_IMPORTANCE = {
@@ -357,3 +358,15 @@ def check_params_after_pruning(fn) -> None:
             f"{case}: got {actual}, expected {expected} (the model has {total} parameters before pruning)"
         )
     passed("check_params_after_pruning", len(cases))
+
+
+# --------------------------------------------------------------------------- Exercise 4
+
+
+@friendly
+def check_delta_loss(fn) -> None:
+    """``fn(model, task_name, examples, heads)`` -> float: Δloss with the (layer, head) pairs ``heads`` off together.
+
+    Runs on the committed models on the CPU; see ``_nb07_ablation.check_delta_loss``.
+    """
+    return _check_delta_loss(fn, {name: _model(name) for name in ("reversal", "induction", "dates")})

@@ -9,12 +9,15 @@ from torch.nn import functional as F
 from mha_tutorial import pruning
 from mha_tutorial.checks import (
     CheckFailed,
+    check_delta_loss,
     check_head_importance,
     check_params_after_pruning,
     check_pruning_order,
 )
+from mha_tutorial.checks._nb07_ablation import DELTA_CASES, delta_mistakes
 from mha_tutorial.checks.nb07 import _IMPORTANCE_CASES, _importance_mistakes, _model, _order_cases, _param_cases
 from mha_tutorial.tasks import get_task
+from mha_tutorial.train import evaluate
 
 # ---------------------------------------------------------------- Exercise 1: gradient importance of one layer
 
@@ -312,4 +315,126 @@ def test_params_after_pruning_names_mistakes(wrong, words):
     assert words in str(info.value)
 
 
-# ---------------------------------------------------------------- all three
+# ---------------------------------------------------------------- Exercise 4: several heads off together
+
+
+def _gates(model, heads):
+    gates = torch.ones(model.num_attention_layers, model.num_heads)
+    for layer, head in heads:
+        gates[layer, head] = 0.0
+    return gates
+
+
+def delta_right(model, task_name, examples, heads):
+    """Written independently of the check: one batch, the mean over every counted position."""
+    task = get_task(task_name)
+    batch = task.collate(list(examples))
+
+    def loss(gates):
+        with torch.no_grad():
+            logits = task.forward(model.eval(), batch, gates)
+        return F.cross_entropy(logits[batch.loss_mask], batch.tgt_out[batch.loss_mask]).item()
+
+    return loss(_gates(model, heads)) - loss(_gates(model, []))
+
+
+def delta_via_package(model, task_name, examples, heads):
+    return pruning.ablation(model, task_name, examples=examples)["delta_loss"][heads[0]].item()
+
+
+def delta_via_curve(model, task_name, examples, heads):
+    curve = pruning.pruning_curve(model, task_name, heads, examples=examples)["loss"]
+    return (curve[-1] - curve[0]).item()
+
+
+def delta_summed(model, task_name, examples, heads):
+    return sum(delta_right(model, task_name, examples, [h]) for h in heads)
+
+
+def delta_first_only(model, task_name, examples, heads):
+    return delta_right(model, task_name, examples, heads[:1])
+
+
+def delta_reversed(model, task_name, examples, heads):
+    return -delta_right(model, task_name, examples, heads)
+
+
+def delta_loss_only(model, task_name, examples, heads):
+    return evaluate(model, task_name, examples=examples, head_mask=_gates(model, heads))["loss"]
+
+
+def delta_accuracy(model, task_name, examples, heads):
+    off = evaluate(model, task_name, examples=examples, head_mask=_gates(model, heads))["accuracy"]
+    return off - evaluate(model, task_name, examples=examples)["accuracy"]
+
+
+def delta_swapped(model, task_name, examples, heads):
+    return delta_right(model, task_name, examples, [(h, layer) for layer, h in heads])
+
+
+def delta_per_example(model, task_name, examples, heads):
+    task = get_task(task_name)
+    batch = task.collate(list(examples))
+
+    def loss(gates):
+        with torch.no_grad():
+            logits = task.forward(model.eval(), batch, gates)
+        per_token = F.cross_entropy(logits.transpose(1, 2), batch.tgt_out, reduction="none")
+        counted = batch.loss_mask.float()
+        return ((per_token * counted).sum(1) / counted.sum(1)).mean().item()
+
+    return loss(_gates(model, heads)) - loss(_gates(model, []))
+
+
+def delta_train_mode(model, task_name, examples, heads):
+    value = delta_right(model, task_name, examples, heads)
+    model.train()
+    return value
+
+
+def test_delta_loss_accepts_right_answers(capsys):
+    check_delta_loss(delta_right)
+    check_delta_loss(lambda m, t, e, h: torch.tensor(delta_right(m, t, e, h)))
+    out = capsys.readouterr().out
+    assert out.count(f"✓ check_delta_loss: passed on {len(DELTA_CASES)} cases") == 2
+    assert "off together: Δloss" in out and "sum of their single Δlosses" in out
+
+
+@pytest.mark.parametrize("via", [delta_via_package, delta_via_curve])
+def test_delta_loss_refuses_the_package_implementations(via):
+    with pytest.raises(CheckFailed, match="pruning.ablation|pruning.pruning_curve"):
+        check_delta_loss(via)
+
+
+def test_every_named_delta_mistake_differs_from_the_right_answer():
+    """Each named mistake must be told apart from the right answer in at least one case."""
+    separated = {}
+    for task_name, heads, n in DELTA_CASES:
+        model = _model(task_name)
+        examples = get_task(task_name).load_split("importance")[:n]
+        right = delta_right(model, task_name, examples, heads)
+        for message, wrong in delta_mistakes(model, task_name, examples, heads):
+            key = message.split(":")[0]
+            separated[key] = separated.get(key, False) or abs(wrong - right) > 1e-6 + 1e-4 * abs(right)
+    assert all(separated.values()), [k for k, ok in separated.items() if not ok]
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (delta_summed, "added up the single-head"),
+        (delta_first_only, "only the first listed head"),
+        (delta_reversed, "sign is reversed"),
+        (delta_loss_only, "returned the loss with the heads off"),
+        (delta_accuracy, "change in accuracy"),
+        (delta_swapped, "[head, layer]"),
+        (delta_per_example, "each example's own mean loss"),
+        (delta_train_mode, "training mode"),
+        (lambda m, t, e, h: delta_right(m, t, e, h) + 0.01, "expected"),
+        (lambda m, t, e, h: [delta_right(m, t, e, h)], "as a float"),
+    ],
+)
+def test_delta_loss_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_delta_loss(wrong)
+    assert words in str(info.value)
