@@ -2,8 +2,9 @@
 
 * ``check_decoder_mask``: the self-attention mask of a causal decoder on a
   *left*-padded batch (the layout of batched generation).
-* ``check_masked_loss_and_accuracy``: the loss and the metric that training and
-  evaluation use, counted only where ``loss_mask`` is True.
+* ``check_masked_loss_and_accuracy``: the loss over the positions where ``loss_mask``
+  is True, and the whole-sequence accuracy (a sequence is right only if every
+  counted position is), the metric that dates uses.
 * ``check_greedy_decode``: the greedy decoding loop of the encoder-decoder,
   run on the committed ``dates`` checkpoint and on an untrained model.
 
@@ -127,17 +128,21 @@ def check_decoder_mask(fn) -> None:
 
 
 def reference_masked_loss_and_accuracy(logits, targets, loss_mask):
-    """Mean cross-entropy and accuracy over the positions where ``loss_mask`` is True (as in ``Task``)."""
+    """Mean cross-entropy over the positions where ``loss_mask`` is True, and the fraction of sequences whose
+    counted positions are all right (positions outside ``loss_mask`` do not matter)."""
     loss = F.cross_entropy(logits[loss_mask], targets[loss_mask])
-    accuracy = float((logits.argmax(-1) == targets)[loss_mask].float().mean())
+    right = (logits.argmax(-1) == targets) | ~loss_mask  # (B, T): an uncounted position never spoils a sequence
+    accuracy = float(right.all(dim=1).float().mean())
     return loss, accuracy
 
 
 def _loss_cases():
-    """(logits, targets, loss_mask, description), seeded; the masks count different numbers per row."""
+    """(logits, targets, loss_mask, description), seeded; the masks count different numbers per row, every row
+    counts at least one position; row 0 is right exactly where it counts, row 1
+    nowhere, row 2 everywhere."""
     g = torch.Generator().manual_seed(5)
     cases = []
-    for B, T, V, counts in [(3, 6, 6, [1, 4, 6]), (3, 5, 7, [3, 0, 5]), (2, 4, 9, [2, 3])]:
+    for B, T, V, counts in [(4, 6, 6, [1, 4, 2, 6]), (5, 5, 7, [3, 1, 2, 5, 4]), (4, 4, 9, [2, 3, 1, 4])]:
         logits = 2 * torch.randn(B, T, V, generator=g)  # (B, T, V)
         targets = torch.randint(0, V, (B, T), generator=g)  # (B, T)
         hit = torch.rand(B, T, generator=g) < 0.5  # make about half of the positions right
@@ -146,6 +151,10 @@ def _loss_cases():
         for b, n in enumerate(counts):
             start = int(torch.randint(0, T - n + 1, (1,), generator=g))
             loss_mask[b, start : start + n] = True
+        best = logits[0].argmax(-1)  # (T,)
+        targets[0] = torch.where(loss_mask[0], best, (best + 1) % V)  # right where it counts, wrong elsewhere
+        targets[1] = (logits[1].argmax(-1) + 1) % V  # wrong everywhere
+        targets[2] = logits[2].argmax(-1)  # right everywhere
         case = f"B={B}, T={T}, V={V}, positions counted per sequence {counts}"
         cases.append((logits, targets, loss_mask, case))
     return cases
@@ -182,28 +191,40 @@ def _loss_mistakes(logits, targets, mask):
 
 
 def _accuracy_mistakes(logits, targets, mask):
-    right = (logits.argmax(-1) == targets).float()  # (B, T)
+    right = logits.argmax(-1) == targets  # (B, T)
+    whole = (right | ~mask).all(1)  # (B,): the right answer's sequences
     mistakes = [
-        ("averaged over every position: positions where loss_mask is False must not count", float(right.mean())),
         (
-            "returned the number of right predictions; accuracy is the fraction of counted positions that are right",
-            float(right[mask].sum()),
+            "counted positions, not sequences: a sequence is right only if all its counted positions are",
+            float(right[mask].float().mean()),
         ),
-        ("returned a percentage; return a fraction in [0, 1]", 100 * float(right[mask].mean())),
-        ("loss_mask inverted: True marks the positions that count", float(right[~mask].mean())),
         (
-            "averaged per sequence first, then over the batch: every counted position must weigh the same "
-            "(and a sequence with no counted position gives 0/0 = NaN)",
-            _per_sequence_mean(right, mask),
+            "averaged each sequence's fraction of right positions: a sequence is right (1) only if all its counted "
+            "positions are, else wrong (0)",
+            _per_sequence_mean(right.float(), mask),
         ),
+        (
+            "required every position to be right, also those where loss_mask is False; only counted ones matter",
+            float(right.all(1).float().mean()),
+        ),
+        (
+            "used any() where all() is needed: one right position does not make a sequence right",
+            float((right & mask).any(1).float().mean()),
+        ),
+        ("loss_mask inverted: True marks the positions that count", float((right | mask).all(1).float().mean())),
+        (
+            "returned the number of sequences right; accuracy is the fraction of sequences that are right",
+            float(whole.sum()),
+        ),
+        ("returned a percentage; return a fraction in [0, 1]", 100 * float(whole.float().mean())),
     ]
     if logits.shape[1] == logits.shape[2]:  # only then does argmax over the wrong axis run without an error
-        wrong_axis = (logits.argmax(1) == targets).float()
+        wrong_axis = logits.argmax(1) == targets
         mistakes.append(
             (
                 "argmax over the wrong axis: the prediction is the most likely class, argmax over the last "
                 "axis (the vocabulary, dim=-1)",
-                float(wrong_axis[mask].mean()),
+                float((wrong_axis | ~mask).all(1).float().mean()),
             )
         )
     return mistakes
@@ -215,7 +236,8 @@ def _same(a: float, b: float) -> bool:
 
 @friendly
 def check_masked_loss_and_accuracy(fn) -> None:
-    """``fn(logits (B, T, V), targets (B, T), loss_mask (B, T) bool)`` -> (loss tensor, accuracy float)."""
+    """``fn(logits (B, T, V), targets (B, T), loss_mask (B, T) bool)`` -> (loss tensor, whole-sequence accuracy
+    float)."""
     cases = _loss_cases()
     for logits, targets, mask, case in cases:
         logits_in = logits.clone().requires_grad_(True)

@@ -129,14 +129,15 @@ def test_decoder_mask_names_mistakes(wrong, words):
 
 def loss_right(logits, targets, loss_mask):
     loss = F.cross_entropy(logits[loss_mask], targets[loss_mask])
-    return loss, (logits.argmax(-1) == targets)[loss_mask].float().mean().item()
+    whole = ((logits.argmax(-1) == targets) | ~loss_mask).all(dim=1)  # (B,)
+    return loss, whole.float().mean().item()
 
 
 def loss_by_nll(logits, targets, loss_mask):
     logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]  # (B, T)
     loss = -(logp * loss_mask).sum() / loss_mask.sum()
-    acc = ((logits.argmax(-1) == targets) & loss_mask).sum() / loss_mask.sum()  # a 0-d tensor is fine too
-    return loss, acc
+    wrong = ((logits.argmax(-1) != targets) & loss_mask).sum(1)  # (B,): wrong counted positions per sequence
+    return loss, (wrong == 0).float().mean()  # a 0-d tensor is fine too
 
 
 def loss_everywhere(logits, targets, loss_mask):
@@ -186,20 +187,28 @@ def acc_with(accuracy):
     return fn
 
 
+def acc_tokens(logits, targets, mask):  # the per-position accuracy of train and evaluate
+    return (logits.argmax(-1) == targets)[mask].float().mean().item()
+
+
 def acc_everywhere(logits, targets, mask):
-    return (logits.argmax(-1) == targets).float().mean().item()
+    return (logits.argmax(-1) == targets).all(1).float().mean().item()
+
+
+def acc_any(logits, targets, mask):
+    return ((logits.argmax(-1) == targets) & mask).any(1).float().mean().item()
 
 
 def acc_count(logits, targets, mask):
-    return int((logits.argmax(-1) == targets)[mask].sum())
+    return int(((logits.argmax(-1) == targets) | ~mask).all(1).sum())
 
 
 def acc_percent(logits, targets, mask):
-    return 100 * (logits.argmax(-1) == targets)[mask].float().mean().item()
+    return 100 * loss_right(logits, targets, mask)[1]
 
 
 def acc_inverted(logits, targets, mask):
-    return (logits.argmax(-1) == targets)[~mask].float().mean().item()
+    return ((logits.argmax(-1) == targets) | mask).all(1).float().mean().item()
 
 
 def acc_per_sequence(logits, targets, mask):
@@ -208,7 +217,7 @@ def acc_per_sequence(logits, targets, mask):
 
 
 def acc_wrong_axis(logits, targets, mask):
-    return (logits.argmax(1) == targets)[mask].float().mean().item()
+    return ((logits.argmax(1) == targets) | ~mask).all(1).float().mean().item()
 
 
 def acc_bool(logits, targets, mask):
@@ -221,12 +230,15 @@ def test_masked_loss_and_accuracy_accepts_right_answers(capsys):
     assert "✓ check_masked_loss_and_accuracy: passed on 3 cases" in capsys.readouterr().out
 
 
-def test_loss_cases_tell_per_sequence_means_apart():
+def test_loss_cases_tell_the_mistakes_apart():
     """The cases are built so that the mistakes differ from the right answer (else they could not be named)."""
     for logits, targets, mask, _ in _loss_cases():
         loss, acc = loss_right(logits, targets, mask)
         assert 0 < acc < 1
+        assert acc != acc_tokens(logits, targets, mask)
+        assert acc != acc_everywhere(logits, targets, mask)
         assert mask.sum(1).unique().numel() > 1  # sequences count different numbers of positions
+        assert bool(mask.any(1).all())  # every sequence counts at least one position
 
 
 @pytest.mark.parametrize(
@@ -241,11 +253,13 @@ def test_loss_cases_tell_per_sequence_means_apart():
         (loss_item, "return it as a tensor"),
         (loss_detached, "cut off from the logits"),
         (loss_unreduced, "it must be one number"),
-        (acc_with(acc_everywhere), r"accuracy [\d.]+: averaged over every position"),
-        (acc_with(acc_count), "returned the number of right predictions"),
+        (acc_with(acc_tokens), r"accuracy [\d.]+: counted positions, not sequences"),
+        (acc_with(acc_everywhere), r"accuracy [\d.]+: required every position to be right"),
+        (acc_with(acc_any), r"used any\(\) where all\(\) is needed"),
+        (acc_with(acc_count), "returned the number of sequences right"),
         (acc_with(acc_percent), "returned a percentage"),
         (acc_with(acc_inverted), r"accuracy [\d.]+: loss_mask inverted"),
-        (acc_with(acc_per_sequence), r"accuracy [\d.]+: averaged per sequence first"),
+        (acc_with(acc_per_sequence), r"accuracy [\d.]+: averaged each sequence's fraction"),
         (acc_with(acc_wrong_axis), "argmax over the wrong axis"),
         (acc_with(acc_bool), "return the accuracy as a float"),
         (lambda *a: 1.0, r"return a pair \(loss, accuracy\)"),
