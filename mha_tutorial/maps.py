@@ -5,6 +5,7 @@
 * ``average_attention``: the same maps averaged over many examples, cell by cell over the examples in which
   that cell exists.
 * ``layer_masks``: for every attention layer of a batch, what may be attended and which queries are real.
+* ``value_weighted_maps``: one layer's maps weighted by what each key sends, ``||alpha_ij v_j W^O_h||``.
 
 Masks are bool with True = "may attend" (as in ``masks.py``).
 """
@@ -22,7 +23,14 @@ from .masks import causal_mask
 from .tasks import PAD, get_task, render_date
 from .viz import _head_grid, _is_label_list, _per_layer, plot_head_grid
 
-__all__ = ["AttentionMaps", "average_attention", "collect_attention", "date_field_labels", "layer_masks"]
+__all__ = [
+    "AttentionMaps",
+    "average_attention",
+    "collect_attention",
+    "date_field_labels",
+    "layer_masks",
+    "value_weighted_maps",
+]
 
 
 @dataclass
@@ -272,6 +280,41 @@ def average_attention(model, task_name: str, examples, batch_size: int = 500) ->
         maps.axis_labels.append(axis)
         maps.head_ids.append(list(heads[name].head_ids))
     return maps
+
+
+def value_weighted_maps(model, task_name: str, example, layer: str) -> torch.Tensor:
+    """How much each key sends each query through each head of one layer (Kobayashi et al., 2020).
+
+    Head h of ``layer`` sends query i the sum over keys j of ``alpha_ij v_j W^O_h``: the weight alpha_ij,
+    key j's value v_j = (x_j W^V)[h's d features] and head h's d rows of W^O (row-vector convention;
+    ``W_o.weight`` is its transpose, (D, H*d)). Returns the lengths ``||alpha_ij v_j W^O_h||`` as a
+    (H, Q, K) CPU float tensor, cropped and laid out as ``collect_attention(...).select(layer)`` (0 where
+    alpha is 0, e.g. masked keys). The value bias is included in v_j; W^O's bias, shared by all keys, is not.
+    """
+    if not isinstance(layer, str):
+        raise TypeError(f"layer must be a layer name such as 'enc.1.self', got {type(layer).__name__}")
+    mha = dict(model.attention_layers()).get(layer) if hasattr(model, "attention_layers") else None
+    if mha is None and hasattr(model, "attention_layers"):
+        names = [name for name, _ in model.attention_layers()]
+        raise ValueError(f"unknown layer {layer!r}; this model has {names}")
+    seen = {}
+
+    def keep_values(module, args, kwargs):  # MultiHeadAttention.forward(queries, keys, values, ...)
+        seen["values"] = args[2] if len(args) > 2 else kwargs["values"]  # (B, K, D)
+
+    hook = mha.register_forward_pre_hook(keep_values, with_kwargs=True) if mha is not None else None
+    try:
+        maps = collect_attention(model, task_name, example)  # validates model, task and example
+    finally:
+        if hook is not None:
+            hook.remove()
+    alpha = maps.select(layer).weights[0]  # (H, Q, K)
+    H, K, d = alpha.shape[0], alpha.shape[2], mha.head_size
+    with torch.no_grad():
+        v = mha.W_v(seen["values"][0, :K]).unflatten(-1, (H, d)).transpose(0, 1)  # (H, K, d): v_j per head
+        W_o = mha.W_o.weight.unflatten(1, (H, d))  # (D, H, d): W_o[:, h] is head h's slice, transposed
+        sent = torch.einsum("hkd,ehd->hke", v, W_o).float().cpu()  # (H, K, D): v_j W^O_h
+    return alpha * sent.norm(dim=-1)[:, None, :]  # (H, Q, K): ||alpha_ij v_j W^O_h|| = alpha_ij ||v_j W^O_h||
 
 
 def _grow(x: torch.Tensor, Q: int, K: int) -> torch.Tensor:
