@@ -398,6 +398,7 @@ def test_delta_loss_accepts_right_answers(capsys):
     out = capsys.readouterr().out
     assert out.count(f"✓ check_delta_loss: passed on {len(DELTA_CASES)} cases") == 2
     assert "off together: Δloss" in out and "sum of their single Δlosses" in out
+    assert "dates, enc.1.self head 0, enc.1.self head 1, enc.1.self head 2, enc.1.self head 3 off together" in out
 
 
 @pytest.mark.parametrize("via", [delta_via_package, delta_via_curve])
