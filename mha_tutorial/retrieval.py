@@ -38,6 +38,20 @@ from torch.nn import functional as F
 
 from . import _validate_pretrained as validate
 from . import pruning
+from ._retrieval_score import PAIRS_PATH as PAIRS_PATH
+from ._retrieval_score import (
+    SCALE,
+    _batches,
+    _checked,
+    _embed,
+    _gather,
+    embedding_scores,
+    gradient_importance,
+    load_paraphrases,
+    retrieval_accuracy,
+    retrieval_loss,
+)
+from ._retrieval_score import SPLITS as SPLITS
 from .bert import mean_pool
 from .minilm import file_sha256, load_minilm, model_dir, tokenize
 from .task_base import DATA_DIR
@@ -58,120 +72,10 @@ __all__ = [
     "run_study",
 ]
 
-PAIRS_PATH = DATA_DIR / "paraphrases.tsv"
 STUDY_PATH = DATA_DIR / "minilm_pruning.json"
-SPLITS = {"importance": slice(0, 160), "eval": slice(160, 320), "all": slice(0, 320)}  # rows of the file, by id
-SCALE = 20.0  # similarity scale of the retrieval loss (the "temperature" 1/20 of in-batch-negatives training)
 SIZES = (6, 12)  # all-MiniLM-L6-v2: layers x heads
 METRICS = ("accuracy", "loss")  # what curves and ablations measure: accuracy@1, and the retrieval loss
 TABLES = ("importance", "importance_raw", "ablation_drops", "ablation_loss_increase")  # (L, H) in the study
-
-
-def load_paraphrases(split: str = "all") -> list[tuple[str, str]]:
-    """(sentence, paraphrase) pairs of ``paraphrases.tsv`` in id order: "importance" (ids 0-159), "eval"
-    (ids 160-319) or "all" (320 pairs). Importance is measured on one split and accuracy on the other.
-
-    The splits are the two halves of the file, not even and odd ids: a sentence's nearest rival is nearly
-    always its neighbour (id +- 1, written as its near-miss), so a split by parity would leave no rival in
-    either half (the full model scores 100% on both) where the halves keep 90% and 87%.
-    """
-    validate.choice(split, "split", SPLITS)
-    lines = PAIRS_PATH.read_text(encoding="utf-8").splitlines()[1:]  # after the header id, sentence, paraphrase
-    rows = [line.split("\t") for line in lines if line]
-    chosen = SPLITS[split]
-    return [(s, p) for i, s, p in rows if chosen.start <= int(i) < chosen.stop]
-
-
-# ---- embedding in length-sorted batches --------------------------------------------------------------------------
-
-
-def _batches(model, pairs, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The 2N texts (sentences, then paraphrases) as (indices, input_ids, attention_mask) batches on the model's
-    device, sorted by length so that each batch is padded only to its own longest text."""
-    device = next(model.parameters()).device
-    tokens = tokenize([s for s, _ in pairs] + [p for _, p in pairs], device=device)
-    lengths = tokens.valid_lens  # (2N,)
-    order = torch.argsort(lengths, stable=True)
-    batches = []
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        width = int(lengths[index].max())
-        batches.append((index, tokens.input_ids[index, :width], tokens.attention_mask[index, :width]))
-    return batches
-
-
-def _gather(pieces: list[torch.Tensor], batches) -> torch.Tensor:
-    """Batch outputs back in text order: (2N, d)."""
-    index = torch.cat([b[0] for b in batches])
-    return torch.cat(pieces)[torch.argsort(index)]
-
-
-def _embed(model, batches, head_mask=None) -> torch.Tensor:
-    return _gather([model.encode(ids, mask, head_mask=head_mask) for _, ids, mask in batches], batches)
-
-
-def embedding_scores(embeddings: torch.Tensor, scale: float = SCALE) -> dict[str, float]:
-    """From the (2N, d) unit embeddings of N sentences, then their N paraphrases: "accuracy" (@1: sentence i's
-    nearest paraphrase is paraphrase i) and "loss", ``retrieval_loss`` over all N pairs at once (lower is better)."""
-    n = len(embeddings) // 2
-    similarity = embeddings[:n] @ embeddings[n:].T  # (N, N) cosines: sentences x paraphrases
-    target = torch.arange(n, device=similarity.device)
-    return {
-        "accuracy": (similarity.argmax(dim=1) == target).double().mean().item(),
-        "loss": F.cross_entropy(scale * similarity, target).item(),
-    }
-
-
-def _checked(model, pairs, head_mask=None, batch_size: int = 64) -> list[tuple[str, str]]:
-    validate.bert_model(model)
-    pairs = validate.paraphrase_pairs(pairs)
-    if head_mask is not None:
-        pruning.check_head_mask(model, head_mask)
-    validate.positive_int(batch_size, "batch_size")
-    return pairs
-
-
-def retrieval_accuracy(model, pairs, head_mask=None, batch_size: int = 64) -> float:
-    """Accuracy@1, sentence -> paraphrase, among all the paraphrases of ``pairs`` (ties go to the first)."""
-    pairs = _checked(model, pairs, head_mask, batch_size)
-    with torch.no_grad():
-        return embedding_scores(_embed(model, _batches(model, pairs, batch_size), head_mask))["accuracy"]
-
-
-# ---- gradient importance -----------------------------------------------------------------------------------------
-
-
-def retrieval_loss(model, pairs, head_mask=None, scale: float = SCALE) -> torch.Tensor:
-    """Cross-entropy of each sentence against all paraphrases of ``pairs`` (its own is the class), over the
-    cosine similarities times ``scale``; differentiable in ``head_mask`` and the weights."""
-    pairs = _checked(model, pairs, head_mask)
-    batches = _batches(model, pairs, batch_size=2 * len(pairs))  # one batch: the chunk is small
-    embeddings = _embed(model, batches, head_mask)
-    n = len(pairs)
-    logits = scale * embeddings[:n] @ embeddings[n:].T  # (N, N)
-    return F.cross_entropy(logits, torch.arange(n, device=logits.device))
-
-
-def gradient_importance(model, pairs, chunk: int = 32, scale: float = SCALE, normalize: bool = True) -> torch.Tensor:
-    """Michel et al.'s I[l, h] = mean over chunks of ``|dL(chunk) / d head_mask[l, h]|`` at head_mask = 1, (L, H).
-
-    The pairs are cut in id order into len(pairs) // chunk nearly equal chunks (at least ``chunk`` pairs each,
-    or one chunk of all), so that near-miss clusters stay together; the absolute value is taken per chunk.
-    With ``normalize`` each layer's row is divided by its L2 norm, as Michel et al. do.
-    """
-    pairs = _checked(model, pairs)
-    validate.positive_int(chunk, "chunk")
-    L, H = model.num_attention_layers, model.num_heads
-    gates = torch.ones(L, H, device=next(model.parameters()).device, requires_grad=True)
-    parts = max(1, len(pairs) // chunk)
-    bounds = [round(i * len(pairs) / parts) for i in range(parts + 1)]
-    total = torch.zeros(L, H, device=gates.device)
-    for start, stop in zip(bounds, bounds[1:], strict=False):
-        loss = retrieval_loss(model, pairs[start:stop], gates, scale)
-        (grad,) = torch.autograd.grad(loss, gates, allow_unused=True, materialize_grads=True)  # pruned: 0
-        total += grad.abs()
-    importance = total / parts
-    return (pruning.normalize_per_layer(importance) if normalize else importance).cpu()
 
 
 # ---- ablation (one head at a time) and pruning curves ------------------------------------------------------------
@@ -375,7 +279,6 @@ def run_study(model, random: int = 10, step: int = 2, seed: int = 0, tolerance: 
         "random": [_curve(model, eval_pairs, o, counts, tolerance, seed=seed + i) for i, o in enumerate(randoms)],
     }
     savings = physical_pruning_savings(model, order[: curves["importance"]["prunable"]])
-    device = next(model.parameters()).device
     return {
         "model": "all-MiniLM-L6-v2",
         "pairs": {"importance": len(importance_pairs), "eval": len(eval_pairs)},
@@ -405,14 +308,20 @@ def run_study(model, random: int = 10, step: int = 2, seed: int = 0, tolerance: 
             "loss_without_any_head": curves["importance"]["loss"][-1],
         },
         "savings": savings,
-        "provenance": {
-            "model_sha256": file_sha256(model_dir() / "model.safetensors"),
-            "torch": torch.__version__,
-            "device": str(device) if device.type != "cpu" else f"cpu ({torch.get_num_threads()} threads)",
-            "date": datetime.date.today().isoformat(),
-            "seconds": round(time.perf_counter() - started, 1),
-            "command": "python -m mha_tutorial.retrieval --write --threads 1",
-        },
+        "provenance": _provenance(model, started),
+    }
+
+
+def _provenance(model, started: float) -> dict:
+    """Where and how the study was run; ``started``: its ``time.perf_counter()`` at the start."""
+    device = next(model.parameters()).device
+    return {
+        "model_sha256": file_sha256(model_dir() / "model.safetensors"),
+        "torch": torch.__version__,
+        "device": str(device) if device.type != "cpu" else f"cpu ({torch.get_num_threads()} threads)",
+        "date": datetime.date.today().isoformat(),
+        "seconds": round(time.perf_counter() - started, 1),
+        "command": "python -m mha_tutorial.retrieval --write --threads 1",
     }
 
 
