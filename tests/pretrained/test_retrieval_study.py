@@ -120,6 +120,10 @@ def test_figures_draw_points_not_boxes(study):
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert any(label.startswith("gains 1") for label in labels) and any(label.startswith("loses 1") for label in labels)
     plt.close(fig)
+    assert not ax.texts  # no head labelled by default
+    fig = rs.plot_importance_vs_ablation(study["importance_raw"], lost, annotate=(0, 2))
+    assert [t.get_text() for t in fig.axes[0].texts] == ["layer 0 head 2"]
+    plt.close(fig)
     with pytest.raises(ValueError):
         rs.plot_importance_vs_ablation(study["importance_raw"], lost[:3])
     fig = rs.plot_pruning_curves(study, {"accuracy": [0.8, 0.8, 0.8], "loss": [0.3, 0.3, 0.3]})
