@@ -57,6 +57,18 @@ def _as_cpu(actual, case: str) -> torch.Tensor:
     return expect_tensor(actual, case).detach().cpu()
 
 
+_LEGEND = "1000*b + 100*t + 10*h + j for example b, position t, head h, feature j"
+
+
+def _first_difference(case: str, actual, expected, legend: str = "") -> CheckFailed:
+    """The failure for labelled integer tensors that differ: the first index, both entries, what an entry means."""
+    where = tuple(int(i) for i in (actual != expected).nonzero()[0])
+    note = f" ({legend})" if legend else ""
+    return CheckFailed(
+        f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected {int(expected[where])}{note}"
+    )
+
+
 @friendly
 def check_transpose_qkv(fn) -> None:
     """``fn(X, num_heads)``: (B, T, H*d) -> (B*H, T, d), row b*H + h = head h of example b."""
@@ -98,12 +110,7 @@ def check_transpose_qkv(fn) -> None:
         )
         if mistake:
             raise CheckFailed(f"{case}: {mistake}")
-        where = tuple(int(i) for i in (actual != expected).nonzero()[0])
-        raise CheckFailed(
-            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected "
-            f"{int(expected[where])} (the input holds 1000*b + 100*t + 10*h + j for example b, "
-            f"position t, head h, feature j)"
-        )
+        raise _first_difference(case, actual, expected, "the input holds " + _LEGEND)
     passed("check_transpose_qkv", len(_CASES))
 
 
@@ -152,11 +159,7 @@ def check_transpose_qkv_seq_first(fn) -> None:
         if mistake:
             raise CheckFailed(f"{case}: {mistake}")
         expect_shape(actual, (batch * heads, steps, size), case)
-        where = tuple(int(i) for i in (actual != expected).nonzero()[0])
-        raise CheckFailed(
-            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected "
-            f"{int(expected[where])} (entry 1000*b + 100*t + 10*h + j is example b, position t, head h, feature j)"
-        )
+        raise _first_difference(case, actual, expected, "entry " + _LEGEND)
     passed("check_transpose_qkv_seq_first", len(_SEQ_CASES))
 
 
@@ -195,10 +198,7 @@ def check_transpose_output(fn) -> None:
         )
         if mistake:
             raise CheckFailed(f"{case}: {mistake}")
-        where = tuple(int(i) for i in (actual != X).nonzero()[0])
-        raise CheckFailed(
-            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected {int(X[where])}"
-        )
+        raise _first_difference(case, actual, X)
     passed("check_transpose_output", len(_CASES))
 
 
@@ -290,11 +290,11 @@ def check_expand_kv_heads(fn) -> None:
         )
         if mistake:
             raise CheckFailed(f"{case}: {mistake}")
-        where = tuple(int(i) for i in (actual != expected).nonzero()[0])
-        raise CheckFailed(
-            f"{case}: wrong values, first at index {where}: got {int(actual[where])}, expected "
-            f"{int(expected[where])} (kv holds 1000*b + 100*t + 10*g + j for example b, position t, "
-            f"K/V head g, feature j)"
+        raise _first_difference(
+            case,
+            actual,
+            expected,
+            "kv holds 1000*b + 100*t + 10*g + j for example b, position t, K/V head g, feature j",
         )
     passed("check_expand_kv_heads", len(_KV_CASES))
 
