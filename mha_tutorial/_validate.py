@@ -308,3 +308,30 @@ def add_norm_inputs(X, Y, normalized_shape: tuple) -> None:
         raise ValueError(
             f"AddNorm normalises the last axes of shape {tuple(normalized_shape)}, got X and Y of shape {tuple(X.shape)}"
         )
+
+
+def _block(value, name: str, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        none = " or None (all at once)" if allow_none else ""
+        raise ValueError(f"{name} must be a positive int{none}, got {value!r:.40}")
+
+
+def flash(queries, keys, values, valid_lens, is_causal, block_q, block_k, scale):
+    """``flash_attention``: q, k, v as for attention, on one device; tile sizes; returns ``valid_lens`` or None."""
+    qkv(queries, keys, values)
+    if not (queries.device == keys.device == values.device):
+        raise ValueError(
+            f"queries, keys and values must be on one device, got {queries.device}, {keys.device}, {values.device}"
+        )
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
+    _block(block_q, "block_q", allow_none=True)
+    _block(block_k, "block_k", allow_none=False)
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < float("inf")
+    ):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(d)), got {scale!r:.40}")
+    shape = (*queries.shape[:-1], keys.shape[-2])  # the (B, [H,] Q, K) weights that are never built
+    return masks_for(shape, queries.device, valid_lens, None)
