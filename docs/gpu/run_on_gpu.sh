@@ -6,12 +6,21 @@
 #                                      by `jupyter execute`; the module it called is gone)
 #   docs/gpu/run_on_gpu.sh tests       the unit tests that touch devices, the three CUDA-only ones included
 #   docs/gpu/run_on_gpu.sh bench       the full benchmark sweep (bfloat16 first: it holds the headline)
+#   docs/gpu/run_on_gpu.sh flash       (issue 24) the tiled attention's tests on the GPU, then its benchmark
+#                                      against SDPA's kernels, T = 1k ... 16k in bfloat16 (bench_flash)
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+if [ "${1:-notebooks}" = notebooks ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+python3 -c "import torch, triton, numpy; print('torch', torch.__version__, torch.cuda.get_device_name(), 'triton', triton.__version__, 'numpy', numpy.__version__)"
 case "${1:-notebooks}" in
+flash)
+  # H100 SXM dense bfloat16 peak: 989 TFLOP/s (NVIDIA's data sheet), for the "% of peak" column.
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/flash "tests/core/test_mha.py::test_cuda_matches_cpu_with_masks_made_on_the_cpu" 2>&1 | tee "$OUT/tests_flash.log"
+  timeout 400 python3 -m mha_tutorial.bench_flash --device cuda --peak-tflops 989 --out "$OUT" 2>&1 | tee "$OUT/bench_flash.log"
+  ;;
 notebooks)
   mkdir -p /tmp/nb
   for nb in notebooks/[0-9][0-9]_*.ipynb; do
