@@ -215,6 +215,17 @@ def format_row(row: Row) -> str:
     )
 
 
+GPU_RUN = Path(__file__).parent / "data" / "h100_flash.csv"  # the H100 run of docs/benchmarks/h100-flash.md
+
+
+def read_rows(path: Path = GPU_RUN) -> list[Row]:
+    """Rows of a ``bench_flash.csv`` (default: the shipped H100 run)."""
+    types = {f.name: f.type for f in fields(Row)}
+    convert = {"int": int, "float": float, "str": str}
+    with open(path, newline="") as f:
+        return [Row(**{k: convert[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(f)]
+
+
 def to_markdown(rows: list[Row], peak_tflops: float | None) -> str:
     head = "| pass | T | batch | implementation | median ms | IQR ms | TFLOP/s | % of peak | peak MiB | max rel. diff | status |"
     lines = [head, "|" + "---|" * 11]

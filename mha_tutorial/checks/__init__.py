@@ -36,6 +36,7 @@ from .nb06 import (
 from .nb07 import check_delta_loss, check_head_importance, check_params_after_pruning, check_pruning_order
 from .nb08 import check_fixed_attention, check_smoke_predictions
 from .nb09 import check_ablation_change, check_accuracy_at_1, check_sep_share
+from .nb10 import check_merge_states, check_tile_gradients
 
 __all__ = [
     "CheckFailed",
@@ -78,4 +79,6 @@ __all__ = [
     "check_ablation_change",
     "check_sep_share",
     "check_accuracy_at_1",
+    "check_merge_states",
+    "check_tile_gradients",
 ]
