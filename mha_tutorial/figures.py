@@ -210,7 +210,7 @@ def transformer_diagram():
     legend = (
         "B batch, S source length, T target length,\nD model width, F FFN width, V vocabulary\n\n"
         "encoder-only (reversal): the left column\n    followed by the output layer\n"
-        "decoder-only (induction): the right column\n    without cross-attention (and, here, F = 0: no FFN)"
+        "decoder-only (induction): the right column\n    without cross-attention (and, here, F = 0:\n    no FFN and no add & norm after it)"
     )
     ax.text(0.4, 1.9, legend, fontsize=9, va="top")
     ax.set_title("Data flow of the encoder–decoder transformer (the dates model), shapes on the arrows")
