@@ -48,6 +48,7 @@ def _merge_cases():
         ("an empty first block (m1 = -inf)", torch.randn(2, 5, generator=g, dtype=_DT), 0),
         ("an empty second block (m2 = -inf)", torch.randn(2, 5, generator=g, dtype=_DT), 5),
         ("the second block holds the largest score", torch.tensor([[0.0, 1.0, 9.0, 2.0]], dtype=_DT), 2),
+        ("both blocks empty (no key at all)", torch.zeros(2, 0, dtype=_DT), 0),
     ]
 
 
@@ -65,6 +66,15 @@ def check_merge_states(fn) -> None:
             raise CheckFailed(f"{case}: return a tuple (m, l, a), got {type(got).__name__}")
         m, ell, a = (expect_tensor(x, case) for x in got)
         expect_shape(a, (scores.shape[0], 3), case)
+        if scores.shape[-1] == 0:  # nothing to attend to: the union is empty too
+            if torch.isnan(m).any() or torch.isnan(ell).any() or torch.isnan(a).any():
+                raise CheckFailed(
+                    f"{case}: NaN. With both maxima -inf, m_block - m is -inf - (-inf); replace an m of -inf by 0 "
+                    "before subtracting (section 3's m_safe), so that each factor is e^(-inf) = 0"
+                )
+            if not (bool((m == -math.inf).all()) and not ell.abs().max() and not a.abs().max()):
+                raise CheckFailed(f"{case}: expected m = -inf, l = 0 and a = 0, got m {m}, l {ell}")
+            continue
         if not (torch.isfinite(a).all() and torch.isfinite(ell).all()):
             raise CheckFailed(
                 f"{case}: NaN or inf. Take m = max(m1, m2) first and rescale each block by e^(m_block - m), which is "
@@ -158,3 +168,4 @@ def check_tile_gradients(fn) -> None:
                 mistakes.append(("dK is missing the 1/√d of the scores", ds.T @ q))
             diagnose(actual.detach().double(), exp_, mistakes, label, atol=1e-9, rtol=1e-9)
     passed("check_tile_gradients", len(cases))
+    print("  Your prediction: dV = Pᵀ dO needs no D; D enters through dS, which dQ and dK both use.")

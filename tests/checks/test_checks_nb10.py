@@ -14,13 +14,20 @@ from testkit import fails_with
 
 def merge_right(m1, l1, a1, m2, l2, a2):
     m = torch.maximum(m1, m2)  # (N,)
-    r1, r2 = torch.exp(m1 - m), torch.exp(m2 - m)  # (N,): 0 for an empty block (m_block = -inf, m finite)
+    m_safe = m.masked_fill(m == -math.inf, 0.0)  # both blocks empty: avoid -inf - (-inf)
+    r1, r2 = torch.exp(m1 - m_safe), torch.exp(m2 - m_safe)  # (N,): 0 for an empty block
+    return m, l1 * r1 + l2 * r2, a1 * r1[:, None] + a2 * r2[:, None]
+
+
+def merge_without_m_safe(m1, l1, a1, m2, l2, a2):
+    m = torch.maximum(m1, m2)
+    r1, r2 = torch.exp(m1 - m), torch.exp(m2 - m)
     return m, l1 * r1 + l2 * r2, a1 * r1[:, None] + a2 * r2[:, None]
 
 
 def test_merge_right_answer_passes(capsys):
     checks.check_merge_states(merge_right)
-    assert "✓ check_merge_states: passed on 5 cases" in capsys.readouterr().out
+    assert "✓ check_merge_states: passed on 6 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -54,6 +61,7 @@ def test_merge_right_answer_passes(capsys):
         ),
         (lambda m1, l1, a1, m2, l2, a2: (m1 + m2, *merge_right(m1, l1, a1, m2, l2, a2)[1:]), "(m, the largest"),
         (lambda m1, l1, a1, m2, l2, a2: merge_right(m1, l1, a1, m2, l2, a2)[:2], "return a tuple (m, l, a)"),
+        (merge_without_m_safe, "both maxima -inf"),
     ],
 )
 def test_merge_mistakes_are_named(fn, fragment):
@@ -70,7 +78,8 @@ def grads_right(q, k, v, out, lse, d_out):
 
 def test_tile_gradients_right_answer_passes(capsys):
     checks.check_tile_gradients(grads_right)
-    assert "✓ check_tile_gradients: passed on 2 cases" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "✓ check_tile_gradients: passed on 2 cases" in out and "dV = Pᵀ dO needs no D" in out
 
 
 def _autograd(q, k, v, out, lse, d_out):
