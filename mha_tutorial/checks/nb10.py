@@ -58,14 +58,14 @@ def check_merge_states(fn) -> None:
     g = torch.Generator().manual_seed(11)
     cases = list(_merge_cases())
     for case, scores, split in cases:
-        values = torch.randn(scores.shape[-1], 3, generator=g, dtype=_DT)  # (K, dv)
+        values = torch.randn(scores.shape[-1], 5, generator=g, dtype=_DT)  # (K, dv): dv = 5, unlike any N
         s1, s2 = _state(scores[:, :split], values[:split]), _state(scores[:, split:], values[split:])
         with refusing({}, {"softmax": "a softmax (the scores are not given: merge the two states)"}):
             got = call(fn, *(x.clone() for x in (*s1, *s2)), case=case)
         if not isinstance(got, tuple | list) or len(got) != 3:
             raise CheckFailed(f"{case}: return a tuple (m, l, a), got {type(got).__name__}")
         m, ell, a = (expect_tensor(x, case) for x in got)
-        expect_shape(a, (scores.shape[0], 3), case)
+        expect_shape(a, (scores.shape[0], 5), case)
         if scores.shape[-1] == 0:  # nothing to attend to: the union is empty too
             if torch.isnan(m).any() or torch.isnan(ell).any() or torch.isnan(a).any():
                 raise CheckFailed(
