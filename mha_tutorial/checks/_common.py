@@ -62,8 +62,13 @@ KNOWN_CRASHES = [
     ),
     (
         ("must match the size of tensor", "expanded size", "does not broadcast"),
-        "a tensor does not broadcast: broadcasting lines up the *last* axes, so a (B, K) padding mask meets "
-        "the (Q, K) axes of the scores; give it its missing axes, e.g. keep[:, None, None, :] for (B, H, Q, K)",
+        "two tensors do not broadcast: broadcasting lines up their *last* axes, so give the smaller one its "
+        "missing axes (keepdim=True keeps a summed axis; a (B, K) padding mask needs keep[:, None, None, :] "
+        "for (B, H, Q, K) scores)",
+    ),
+    (
+        ("torch.return_types",),
+        "max(dim=...) and min(dim=...) return a pair (values, indices): use .values, or torch.amax / amin",
     ),
 ]
 

@@ -60,6 +60,10 @@ def check_softmax(my_softmax) -> None:
         ("scores with a head axis, shape (2, 2, 3, 4)", _randn(2, 2, 3, 4, seed=3)),
         ("large scores (around 1000), shape (1, 3, 4)", _randn(1, 3, 4, seed=4, scale=30.0) + 1000.0),
         (
+            "rows of very different size (one near 1000, one near 0), shape (1, 2, 3)",
+            torch.tensor([[[1000.0, 999.0, 998.0], [0.0, -1.0, 1.0]]]),
+        ),
+        (
             "scores with -inf entries (masked keys), shape (1, 2, 3)",
             torch.tensor([[[0.5, float("-inf"), 1.5], [float("-inf"), 2.0, 0.0]]]),
         ),
@@ -79,8 +83,9 @@ def check_softmax(my_softmax) -> None:
             )
         if not torch.isfinite(out).all():
             raise CheckFailed(
-                f"{case}: the result contains NaN or inf. exp(1000) overflows float32: subtract each row's "
-                "maximum before exp (softmax(x) = softmax(x - max x), so the answer does not change)"
+                f"{case}: the result contains NaN or inf. exp(1000) overflows float32, and a row far below the "
+                "largest score of the whole tensor underflows to 0/0: subtract each row's maximum (not the whole "
+                "tensor's) before exp (softmax(x) = softmax(x - max x), so the answer does not change)"
             )
         mistakes = [
             (

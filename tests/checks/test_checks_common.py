@@ -61,8 +61,14 @@ def test_known_crashes_are_explained():
     def bad_broadcast(x):
         return x + torch.zeros(4)
 
-    with pytest.raises(checks.CheckFailed, match="broadcasting lines up the \\*last\\* axes"):
+    with pytest.raises(checks.CheckFailed, match="broadcasting lines up their \\*last\\* axes"):
         call(bad_broadcast, torch.zeros(2, 3), case="a (2, 3) input")
+
+    def max_without_values(x):
+        return x - x.max(dim=-1, keepdim=True)
+
+    with pytest.raises(checks.CheckFailed, match=r"use \.values, or torch\.amax"):
+        call(max_without_values, torch.zeros(2, 3), case="a (2, 3) input")
 
 
 def test_every_check_is_one_function_under_both_names():

@@ -54,6 +54,8 @@ def test_softmax_refuses_ready_made_softmax(fn, fragment):
         (lambda s: softmax_over(s, 1), "wrong axis"),
         (lambda s: softmax_over(s, 2), "wrong axis"),  # right for 3-D, wrong once a head axis appears
         (lambda s: s.exp() / s.exp().sum(dim=-1, keepdim=True), "subtract each row's maximum"),
+        (lambda s: (s - s.max()).exp() / (s - s.max()).exp().sum(dim=-1, keepdim=True), "not the whole tensor's"),
+        (lambda s: (s - s.max(dim=-1, keepdim=True)).exp(), "use .values, or torch.amax"),
         (lambda s: (s - s.max(-1, keepdim=True).values).exp(), None),
         (lambda s: s.exp() / s.exp().sum(), None),
         (
