@@ -62,7 +62,7 @@ KNOWN_CRASHES = [
     ),
     (
         ("must match the size of tensor", "expanded size", "does not broadcast"),
-        "two tensors do not broadcast: broadcasting lines up their *last* axes, so give the smaller one its "
+        "a tensor does not broadcast against another: broadcasting lines up their *last* axes, so give the smaller one its "
         "missing axes (keepdim=True keeps a summed axis; a (B, K) padding mask needs keep[:, None, None, :] "
         "for (B, H, Q, K) scores)",
     ),
