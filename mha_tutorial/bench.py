@@ -182,18 +182,22 @@ def _measure(f, x, keep, backward: bool, min_run_time: float, threads: int, para
         step()
     timer = benchmark.Timer(stmt="step()", globals={"step": step}, num_threads=threads)
     m = timer.blocked_autorange(min_run_time=min_run_time)
-    if x.is_cuda:
+    peak = peak_bytes(step, x.is_cuda, existing=[x, grad, keep, *params])
+    return m.median * 1e3, m.iqr * 1e3, peak / 2**20
+
+
+def peak_bytes(step, cuda: bool, existing=()) -> int:
+    """Peak bytes of one ``step()`` beyond what exists before it: the allocator's peak on a GPU, else ``PeakMemory``."""
+    if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         step()
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        with PeakMemory(existing=[x, grad, keep, *params]) as tracker:
-            step()
-        peak = tracker.peak
-    return m.median * 1e3, m.iqr * 1e3, peak / 2**20
+        return torch.cuda.max_memory_allocated() - before
+    with PeakMemory(existing=existing) as tracker:
+        step()
+    return tracker.peak
 
 
 @dataclass

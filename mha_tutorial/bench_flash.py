@@ -31,7 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import benchmark
 
 from .attention import scaled_dot_product_attention
-from .bench import PeakMemory
+from .bench import peak_bytes
 from .flash import flash_attention
 from .masks import causal_mask
 
@@ -136,18 +136,8 @@ def measure(f, q, k, v, pass_: str, min_run_time: float):
 
     step()  # warm-up: kernels, allocator, autotuning
     m = benchmark.Timer(stmt="step()", globals={"step": step}).blocked_autorange(min_run_time=min_run_time)
-    if q.is_cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        with PeakMemory(existing=[*inputs, d_out, *(x.grad for x in inputs if x.grad is not None)]) as tracker:
-            step()
-        peak = tracker.peak
-    return m.median * 1e3, m.iqr * 1e3, peak / 2**20
+    existing = [*inputs, d_out, *(x.grad for x in inputs if x.grad is not None)]
+    return m.median * 1e3, m.iqr * 1e3, peak_bytes(step, q.is_cuda, existing) / 2**20
 
 
 def _is_oom(error: Exception) -> bool:
