@@ -4,7 +4,8 @@ Notebook 01 -> attention.py, 02 -> masks.py, 03 -> heads.py and variants.py,
 04 -> mha.py (and bench.py for what it costs), 05 -> tasks.py, model.py, train.py,
 06 -> viz.py (the heatmap grid), maps.py (weights from a model) and head_stats.py,
 07 -> pruning.py, 09 -> bert.py (a BERT-style encoder) and minilm.py (the pretrained
-all-MiniLM-L6-v2 loaded into it). Every notebook ends by checking its own code
+all-MiniLM-L6-v2 loaded into it), 10 -> flash.py (tiled attention), 11 -> kv_cache.py (decoding
+with a cache). Every notebook ends by checking its own code
 against these; ``checks`` holds the automatic checks of the exercises.
 """
 
@@ -13,6 +14,7 @@ from .bert import BertConfig, BertEncoder, mean_pool
 from .bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
 from .device import get_device
 from .heads import transpose_output, transpose_qkv
+from .kv_cache import KVCache, LayerCache, cache_bytes
 from .masks import (
     additive_to_bool,
     bool_to_additive,
@@ -40,6 +42,9 @@ from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqF
 
 __all__ = [
     "AddNorm",
+    "KVCache",
+    "LayerCache",
+    "cache_bytes",
     "BertConfig",
     "BertEncoder",
     "category_profile",

@@ -11,6 +11,7 @@ import numbers
 
 import torch
 
+from ._validate_cache import layer_cache
 from ._validate_masks import (  # noqa: F401 (the mask checks, re-exported: validate.check_mask, ...)
     _check_range,
     _shape,
@@ -237,8 +238,11 @@ def model_head_mask(head_mask, layers: list, num_heads: int) -> None:
         )
 
 
-def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_causal):
-    """``MultiHeadAttention.forward``: inputs against the module's sizes; returns ``valid_lens`` as a tensor."""
+def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_causal, kv_cache=None):  # noqa: PLR0913
+    """``MultiHeadAttention.forward``: inputs against the module's sizes; returns ``valid_lens`` as a tensor.
+
+    With a ``kv_cache`` the scores' K counts the cached keys too, and the cache must fit the module and batch.
+    """
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
     for name, x, layer in (
@@ -269,7 +273,8 @@ def mha_inputs(module, queries, keys, values, valid_lens, mask, head_mask, is_ca
         raise ValueError(
             f"keys and values must have the same length, got shapes {tuple(keys.shape)} and {tuple(values.shape)}"
         )
-    shape = (queries.shape[0], module.num_heads, queries.shape[1], keys.shape[1])  # the scores' (B, H, Q, K)
+    num_keys = keys.shape[1] if kv_cache is None else layer_cache(module, queries, keys, kv_cache)
+    shape = (queries.shape[0], module.num_heads, queries.shape[1], num_keys)  # the scores' (B, H, Q, K)
     valid_lens = masks_for(shape, queries.device, valid_lens, mask)
     if head_mask is not None:
         if not isinstance(head_mask, torch.Tensor):

@@ -62,8 +62,17 @@ class MultiHeadAttention(nn.Module):
         self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
         self.pruned_heads: list[int] = []
 
-    def forward(
-        self, queries, keys, values, valid_lens=None, mask=None, head_mask=None, need_weights=True, is_causal=False
+    def forward(  # noqa: PLR0913 (the module's options, named as in PyTorch)
+        self,
+        queries,
+        keys,
+        values,
+        valid_lens=None,
+        mask=None,
+        head_mask=None,
+        need_weights=True,
+        is_causal=False,
+        kv_cache=None,
     ):
         """queries (B, Q, q_size), keys (B, K, k_size), values (B, K, v_size) -> (B, Q, num_hiddens).
 
@@ -80,20 +89,29 @@ class MultiHeadAttention(nn.Module):
         ``is_causal=True`` hides the future: it is the same as AND-ing ``causal_mask(Q, K)``
         into ``mask``. With no other mask and Q == K the fused path hands it to PyTorch as
         ``is_causal``, which lets the flash-attention kernel run (it takes no mask tensor).
+
+        ``kv_cache`` (a ``LayerCache``, notebook 11) keeps the projected keys and values of earlier calls: a
+        growing cache appends this call's, so the scores' K counts the cached positions too (masks and
+        ``valid_lens`` cover all K; ``is_causal`` aligns the queries with the *last* keys); a fixed one
+        (cross-attention) projects ``keys``/``values`` on its first call only.
         """
-        valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
+        valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal, kv_cache)
+        num_keys = keys.shape[1] if kv_cache is None else kv_cache.num_keys_after(keys.shape[1])  # cached + new
         if self.num_heads == 0:  # every head pruned: the sublayer contributes only W_o's bias
-            return self._no_heads(queries, keys, need_weights)
-        num_queries, num_keys = queries.shape[1], keys.shape[1]
+            return self._no_heads(queries, num_keys, need_weights)
+        num_queries = queries.shape[1]
         if not need_weights and is_causal and valid_lens is None and mask is None and num_queries == num_keys:
-            return self._fused_forward(queries, keys, values, None, None, head_mask, is_causal=True)
+            return self._fused_forward(queries, keys, values, None, None, head_mask, kv_cache, is_causal=True)
         mask = and_causal(mask, num_queries, num_keys, queries.device) if is_causal else mask
         if not need_weights:
-            return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask)
+            return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask, kv_cache)
         batch, H = queries.shape[0], self.num_heads
         q = transpose_qkv(self.W_q(queries), H)  # (B*H, Q, d)
-        k = transpose_qkv(self.W_k(keys), H)  # (B*H, K, d)
-        v = transpose_qkv(self.W_v(values), H)  # (B*H, K, d)
+        if kv_cache is None:
+            k = transpose_qkv(self.W_k(keys), H)  # (B*H, K, d)
+            v = transpose_qkv(self.W_v(values), H)  # (B*H, K, d)
+        else:
+            k, v = (t.flatten(0, 1) for t in self._cached_keys_values(keys, values, kv_cache))  # (B*H, K, d)
         if valid_lens is not None:
             # Row b*H + h of q is head h of example b, so each length is repeated H times in place.
             valid_lens = torch.repeat_interleave(valid_lens, repeats=H, dim=0)  # (B*H,) or (B*H, Q)
@@ -104,13 +122,25 @@ class MultiHeadAttention(nn.Module):
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
 
-    def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, is_causal=False):
+    def _cached_keys_values(self, keys, values, kv_cache):
+        """keys, values (B, K_new, size) -> all keys and values (B, H, K, d), through the cache (notebook 11)."""
+        if not kv_cache.grow and kv_cache.filled:  # cross-attention: the memory's projections, made once
+            return kv_cache.keys, kv_cache.values
+        H, d = self.num_heads, self.head_size
+        k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K_new, d)
+        v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K_new, d)
+        return kv_cache.update(k, v)  # (B, H, K, d): the cached positions, then the new ones
+
+    def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, kv_cache=None, is_causal=False):
         """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""
         H, d = self.num_heads, self.head_size
         q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
-        k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
-        v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
-        keep = as_4d(combine_masks(valid_lens, mask, keys.shape[1], device=q.device))  # ~(B, H, Q, K), or None
+        if kv_cache is None:
+            k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
+            v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
+        else:
+            k, v = self._cached_keys_values(keys, values, kv_cache)  # (B, H, K, d)
+        keep = as_4d(combine_masks(valid_lens, mask, k.shape[2], device=q.device))  # ~(B, H, Q, K), or None
         dropout_p = self.attention.dropout if self.training else 0.0
         output = F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
@@ -127,12 +157,12 @@ class MultiHeadAttention(nn.Module):
         self.attention_weights = None
         return self.W_o(output.transpose(1, 2).flatten(2))  # (B, Q, H*d) -> (B, Q, num_hiddens)
 
-    def _no_heads(self, queries, keys, need_weights):
+    def _no_heads(self, queries, num_keys, need_weights):
         batch, num_queries = queries.shape[:2]
         output = queries.new_zeros(batch, num_queries, self.W_o.out_features)  # (B, Q, num_hiddens)
         if self.W_o.bias is not None:
             output = output + self.W_o.bias
-        self.attention_weights = queries.new_zeros(batch, 0, num_queries, keys.shape[1]) if need_weights else None
+        self.attention_weights = queries.new_zeros(batch, 0, num_queries, num_keys) if need_weights else None
         return output
 
     def prune_heads(self, heads) -> None:

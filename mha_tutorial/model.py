@@ -35,9 +35,12 @@ import torch
 from torch import nn
 
 from . import _validate as validate
+from . import _validate_cache as validate_cache
 from . import _validate_training as validate_training
+from .blocks import Block, Embedding, PositionWiseFFN  # noqa: F401 (re-exported: notebook 05 imports them from here)
+from .kv_cache import KVCache
 from .masks import causal_mask
-from .mha import AddNorm, MultiHeadAttention
+from .mha import MultiHeadAttention
 
 __all__ = [
     "ModelConfig",
@@ -123,69 +126,6 @@ class ModelConfig:
     @property
     def num_attention_layers(self) -> int:
         return self.num_enc_layers + self.num_dec_layers * (2 if self.kind == "encoder_decoder" else 1)
-
-
-class PositionWiseFFN(nn.Module):
-    """The same two-layer MLP applied at every position: (B, T, d) -> (B, T, d)."""
-
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int):
-        super().__init__()
-        self.dense1 = nn.Linear(num_hiddens, ffn_num_hiddens)
-        self.relu = nn.ReLU()
-        self.dense2 = nn.Linear(ffn_num_hiddens, num_hiddens)
-
-    def forward(self, X):
-        return self.dense2(self.relu(self.dense1(X)))
-
-
-class Embedding(nn.Module):
-    """Token embedding plus a learned embedding of the position: (B, T) ids -> (B, T, d)."""
-
-    def __init__(self, vocab_size: int, num_hiddens: int, max_len: int):
-        super().__init__()
-        self.max_len = max_len
-        self.token = nn.Embedding(vocab_size, num_hiddens)
-        self.position = nn.Embedding(max_len, num_hiddens)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        validate_training.token_ids(ids, self.token.num_embeddings, self.max_len)
-        positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
-        return self.token(ids) + self.position(positions)  # (B, T, d)
-
-
-class Block(nn.Module):
-    """One transformer layer (post-norm, as in Vaswani et al. 2017).
-
-    X -> AddNorm(X, SelfAttn(X)) -> [AddNorm(., CrossAttn(., memory))] -> [AddNorm(., FFN(.))]
-    """
-
-    def __init__(self, cfg: ModelConfig, cross: bool = False):
-        super().__init__()
-        d = cfg.num_hiddens
-        self.self_attn = MultiHeadAttention(d, cfg.num_heads, cfg.dropout, bias=cfg.bias)
-        self.norm1 = AddNorm(d, cfg.dropout)
-        self.cross_attn = MultiHeadAttention(d, cfg.num_heads, cfg.dropout, bias=cfg.bias) if cross else None
-        self.norm2 = AddNorm(d, cfg.dropout) if cross else None
-        self.ffn = PositionWiseFFN(d, cfg.ffn_num_hiddens) if cfg.ffn_num_hiddens else None
-        self.norm3 = AddNorm(d, cfg.dropout) if cfg.ffn_num_hiddens else None
-
-    def forward(
-        self,
-        X,
-        valid_lens=None,
-        mask=None,
-        memory=None,
-        memory_valid_lens=None,
-        self_head_mask=None,
-        cross_head_mask=None,
-    ):
-        X = self.norm1(X, self.self_attn(X, X, X, valid_lens, mask, self_head_mask))  # (B, T, d)
-        if self.cross_attn is not None:
-            Y = self.cross_attn(X, memory, memory, memory_valid_lens, None, cross_head_mask)  # (B, T, d)
-            X = self.norm2(X, Y)
-        if self.ffn is not None:
-            X = self.norm3(X, self.ffn(X))
-        return X
 
 
 class TinyTransformer(nn.Module):
@@ -286,12 +226,27 @@ class TransformerDecoder(TinyTransformer):
         self.dec_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_dec_layers))
         self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
 
-    def forward(self, tokens, head_mask=None):
+    def forward(self, tokens, head_mask=None, cache=None, token_mask=None):
+        """tokens (B, T) -> logits (B, T, V).
+
+        ``cache`` (a ``KVCache(model)``, notebook 11): the tokens continue the positions the cache has seen, only
+        they are computed, and their keys and values are appended. ``token_mask`` (B, T) bool, False = padding
+        (left padding, for prompts of different lengths): those keys are hidden and positions count real tokens.
+        """
+        validate_cache.decoder_step(self, tokens, cache, token_mask, self.config.max_len)
         rows = self._head_mask_rows(head_mask)
-        X = self.embedding(tokens)  # (B, T, d)
-        mask = causal_mask(tokens.shape[1], device=tokens.device)  # (T, T), True = may attend
-        for block, row in zip(self.dec_blocks, rows, strict=True):
-            X = block(X, mask=mask, self_head_mask=row)
+        T, start = tokens.shape[1], 0 if cache is None else cache.length
+        keep = token_mask if cache is None else cache.extend(T, token_mask, tokens.shape[0], tokens.device)
+        positions = None if keep is None else (keep.cumsum(dim=1)[:, -T:] - 1).clamp(min=0)  # (B, T)
+        if positions is None and start:
+            positions = torch.arange(start, start + T, device=tokens.device)  # (T,)
+        X = self.embedding(tokens, positions)  # (B, T, d)
+        mask = causal_mask(T, start + T, device=tokens.device)  # (T, K), bottom-right: query i sees keys <= start + i
+        if keep is not None:
+            mask = mask & keep[:, None, None, :]  # (B, 1, T, K): padded keys hidden too
+        for i, (block, row) in enumerate(zip(self.dec_blocks, rows, strict=True)):
+            layer_cache = None if cache is None else cache[f"dec.{i}.self"]
+            X = block(X, mask=mask, self_head_mask=row, self_cache=layer_cache)
         return self.head(X)  # (B, T, tgt_vocab)
 
 
@@ -325,13 +280,15 @@ class TransformerEncoderDecoder(TinyTransformer):
             X = block(X, valid_lens=src_valid_lens, self_head_mask=row)
         return X
 
-    def decode(self, tgt_in, memory, src_valid_lens=None, self_rows=None, cross_rows=None):
-        """tgt_in (B, T), memory (B, S, d) -> logits (B, T, tgt_vocab)."""
+    def decode(self, tgt_in, memory, src_valid_lens=None, self_rows=None, cross_rows=None, cache=None):
+        """tgt_in (B, T), memory (B, S, d) -> logits (B, T, tgt_vocab); with a ``KVCache``, T continues it."""
         n = len(self.dec_blocks)
         self_rows, cross_rows = self_rows or [None] * n, cross_rows or [None] * n
-        X = self.tgt_embedding(tgt_in)  # (B, T, d)
-        mask = causal_mask(tgt_in.shape[1], device=tgt_in.device)  # (T, T)
-        for block, s_row, c_row in zip(self.dec_blocks, self_rows, cross_rows, strict=True):
+        T, start = tgt_in.shape[1], 0 if cache is None else cache.length
+        positions = torch.arange(start, start + T, device=tgt_in.device) if start else None  # (T,)
+        X = self.tgt_embedding(tgt_in, positions)  # (B, T, d)
+        mask = causal_mask(T, start + T, device=tgt_in.device)  # (T, K), bottom-right
+        for i, (block, s_row, c_row) in enumerate(zip(self.dec_blocks, self_rows, cross_rows, strict=True)):
             X = block(
                 X,
                 mask=mask,
@@ -339,7 +296,11 @@ class TransformerEncoderDecoder(TinyTransformer):
                 memory_valid_lens=src_valid_lens,
                 self_head_mask=s_row,
                 cross_head_mask=c_row,
+                self_cache=None if cache is None else cache[f"dec.{i}.self"],
+                cross_cache=None if cache is None else cache[f"dec.{i}.cross"],
             )
+        if cache is not None:
+            cache.extend(T, None, tgt_in.shape[0], tgt_in.device)
         return self.head(X)
 
     def forward(self, src, tgt_in, src_valid_lens=None, head_mask=None):
@@ -349,19 +310,24 @@ class TransformerEncoderDecoder(TinyTransformer):
         return self.decode(tgt_in, memory, src_valid_lens, self_rows, cross_rows)
 
     @torch.no_grad()
-    def greedy_decode(self, src, num_steps: int, bos_id: int, src_valid_lens=None, head_mask=None):
+    def greedy_decode(
+        self, src, num_steps: int, bos_id: int, src_valid_lens=None, head_mask=None, use_cache: bool = False
+    ):
         """Predict ``num_steps`` tokens one at a time, feeding back the argmax: -> (B, num_steps) ids.
 
-        The decoder is rerun on the whole prefix at each step (no cache: the
-        outputs here are 10 characters). Afterwards ``attention_weights()``
-        holds the weights of the final step, with Q = num_steps queries.
+        Without a cache the decoder reruns the whole prefix at each step, and afterwards ``attention_weights()``
+        holds the final step's weights with Q = num_steps queries. ``use_cache=True`` (notebook 11) runs only the
+        newest token through a ``KVCache``: the same ids, and weights with Q = 1.
         """
         validate_training.greedy_args(num_steps, bos_id, self.config.tgt_vocab_size)
+        validate_cache.use_cache_flag(use_cache)
         enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
         memory = self.encode(src, src_valid_lens, enc_rows)  # (B, S, d)
+        cache = KVCache(self) if use_cache else None
         out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         for _ in range(num_steps):
-            logits = self.decode(out, memory, src_valid_lens, self_rows, cross_rows)  # (B, t, V)
+            new = out if cache is None else out[:, cache.length :]  # (B, t) without a cache, (B, 1) with one
+            logits = self.decode(new, memory, src_valid_lens, self_rows, cross_rows, cache)  # (B, t or 1, V)
             out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)  # (B, t + 1)
         return out[:, 1:]  # (B, num_steps), without <bos>
 

@@ -28,7 +28,7 @@ class HeadLoopMultiHeadAttention(MultiHeadAttention):
     ):
         valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal)
         if self.num_heads == 0:  # every head pruned: nothing to loop over, only W_o's bias
-            return self._no_heads(queries, keys, need_weights)
+            return self._no_heads(queries, keys.shape[1], need_weights)
         mask = and_causal(mask, queries.shape[1], keys.shape[1], queries.device) if is_causal else mask
         Q, K, V = self.W_q(queries), self.W_k(keys), self.W_v(values)  # (B, T, H*d)
         d = self.head_size
