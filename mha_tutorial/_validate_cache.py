@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._validate_masks import _shape, _type_name
+from ._validate_training import token_ids
 from .kv_cache import KVCache, LayerCache
 
 
@@ -39,10 +40,11 @@ def layer_cache(module, queries, keys, kv_cache) -> int:
 def decoder_step(model, tokens, cache, token_mask, max_len: int) -> None:
     """``TransformerDecoder.forward(tokens, cache=..., token_mask=...)``: a cache made for this model and batch,
     a bool (B, T) token mask, and positions that stay below ``max_len``."""
+    token_ids(tokens, model.config.tgt_vocab_size, max_len)  # first: the checks below read the tokens' shape
     if cache is not None:
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache(model), got {_type_name(cache)}")
-        names = [name for name, _ in model.attention_layers()]
+        names = [name for name, _ in model.attention_layers() if name.startswith("dec.")]
         if list(cache.layers) != names:
             raise ValueError(f"this cache was made for layers {list(cache.layers)}, the model has {names}")
         first = next((c for c in cache.layers.values() if c.filled), None)

@@ -63,7 +63,7 @@ class LayerCache:
 
 
 class KVCache:
-    """The cache of a whole model: one ``LayerCache`` per attention layer, named as in ``attention_layers()``.
+    """The cache of a whole model: one ``LayerCache`` per decoder attention layer, named as in ``attention_layers()``.
 
     ``length`` counts the decoder positions seen so far (the next position's index); ``keep`` (B, length) is
     False where a position is left padding, so later steps hide those keys too. Make a new one per sequence
@@ -71,7 +71,11 @@ class KVCache:
     """
 
     def __init__(self, model):
-        self.layers = {name: LayerCache(grow=not name.endswith(".cross")) for name, _ in model.attention_layers()}
+        self.layers = {  # the decoder's layers: an encoder runs once, its output is what cross-attention caches
+            name: LayerCache(grow=not name.endswith(".cross"))
+            for name, _ in model.attention_layers()
+            if name.startswith("dec.")
+        }
         self.length = 0
         self.keep: torch.Tensor | None = None  # (B, length) bool, None while nothing is padded
 

@@ -282,6 +282,7 @@ class TransformerEncoderDecoder(TinyTransformer):
 
     def decode(self, tgt_in, memory, src_valid_lens=None, self_rows=None, cross_rows=None, cache=None):
         """tgt_in (B, T), memory (B, S, d) -> logits (B, T, tgt_vocab); with a ``KVCache``, T continues it."""
+        validate_cache.decoder_step(self, tgt_in, cache, None, self.config.max_len)
         n = len(self.dec_blocks)
         self_rows, cross_rows = self_rows or [None] * n, cross_rows or [None] * n
         T, start = tgt_in.shape[1], 0 if cache is None else cache.length

@@ -112,7 +112,7 @@ def _size_cases():
     ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 @torch.no_grad()
 def _measured(config, batch, src_len, tgt_len, dtype) -> int:
     """The bytes of a real KVCache after the model decoded ``tgt_len`` positions (for a ``src_len`` source)."""
