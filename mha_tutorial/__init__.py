@@ -5,7 +5,7 @@ Notebook 01 -> attention.py, 02 -> masks.py, 03 -> heads.py and variants.py,
 06 -> viz.py (the heatmap grid), maps.py (weights from a model) and head_stats.py,
 07 -> pruning.py, 09 -> bert.py (a BERT-style encoder) and minilm.py (the pretrained
 all-MiniLM-L6-v2 loaded into it), 10 -> flash.py (tiled attention), 11 -> kv_cache.py (decoding
-with a cache). Every notebook ends by checking its own code
+with a cache); rope.py (rotary positions) and gqa.py (grouped-query attention) are Part II's next parts. Every notebook ends by checking its own code
 against these; ``checks`` holds the automatic checks of the exercises.
 """
 
@@ -13,6 +13,7 @@ from .attention import DotProductAttention, masked_softmax, scaled_dot_product_a
 from .bert import BertConfig, BertEncoder, mean_pool
 from .bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
 from .device import get_device
+from .gqa import mha_to_gqa
 from .heads import transpose_output, transpose_qkv
 from .kv_cache import KVCache, LayerCache, cache_bytes
 from .masks import (
@@ -36,6 +37,7 @@ from .retrieval import (
     random_orders,
     retrieval_accuracy,
 )
+from .rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies
 from .tasks import get_task, load_split
 from .train import evaluate, load_pretrained, train
 from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
@@ -45,6 +47,11 @@ __all__ = [
     "KVCache",
     "LayerCache",
     "cache_bytes",
+    "mha_to_gqa",
+    "apply_rope",
+    "interleaved_to_half",
+    "rope_angles",
+    "rope_frequencies",
     "BertConfig",
     "BertEncoder",
     "category_profile",

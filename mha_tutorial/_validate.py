@@ -117,8 +117,8 @@ def attention(queries, keys, values, valid_lens, mask, dropout_p):
     return masks_for((*queries.shape[:-1], keys.shape[-2]), queries.device, valid_lens, mask)
 
 
-def mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, value_size) -> None:
-    """``MultiHeadAttention(...)``: sizes and bias flags."""
+def mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, value_size, num_kv_heads=None) -> None:
+    """``MultiHeadAttention(...)``: sizes, bias flags, and ``num_kv_heads`` (None or a divisor of num_heads)."""
     for name, value in (("num_hiddens", num_hiddens), ("num_heads", num_heads)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {value!r}")
@@ -136,6 +136,30 @@ def mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, val
     for name, size in sizes.items():
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"{name} must be a positive int or None (= num_hiddens), got {size!r}")
+    kv_heads(num_kv_heads, num_heads)
+
+
+def kv_heads(num_kv_heads, num_heads: int) -> None:
+    """Grouped-query attention's ``num_kv_heads``: None (= num_heads) or a positive divisor of ``num_heads``."""
+    if num_kv_heads is None:
+        return
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int):
+        raise TypeError(f"num_kv_heads must be an int dividing num_heads={num_heads} or None, got {num_kv_heads!r:.40}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        divisors = [n for n in range(1, num_heads + 1) if num_heads % n == 0]
+        raise ValueError(
+            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: each key/value head serves "
+            f"num_heads / num_kv_heads query heads, so num_kv_heads must be one of {divisors} (or None)"
+        )
+
+
+def plain_heads_only(what: str, num_heads: int, num_kv_heads, why: str) -> None:
+    """Refuse grouped-query attention (``num_kv_heads`` < ``num_heads``) where ``what`` needs one K/V head per head."""
+    if num_kv_heads is not None and num_kv_heads != num_heads:
+        raise NotImplementedError(
+            f"{what} needs one key/value head per query head, but num_heads={num_heads} and num_kv_heads="
+            f"{num_kv_heads} (each K/V head shared by {num_heads // num_kv_heads} query heads): {why}"
+        )
 
 
 def _seq_first_shapes(module, query, key, value) -> None:

@@ -14,6 +14,27 @@ from ._validate_training import token_ids
 from .kv_cache import KVCache, LayerCache
 
 
+def _fits(module, kv_cache, batch: int, device, dtype) -> None:
+    """A filled ``LayerCache`` against the layer it serves: batch, (key/value) heads, head size, device, dtype."""
+    B, H, _, d = kv_cache.keys.shape
+    expected = (batch, module.num_kv_heads, module.head_size)  # the cache holds the K/V heads only
+    if (B, H, d) != expected:
+        heads = (
+            f"H = {expected[1]} heads"
+            if module.num_kv_heads == module.num_heads
+            else f"H_kv = {expected[1]} key/value heads (num_kv_heads; num_heads = {module.num_heads})"
+        )
+        raise ValueError(
+            f"the cache holds keys of shape {tuple(kv_cache.keys.shape)} (B, H, T, d) but this call has B = "
+            f"{expected[0]} and the layer {heads} of d = {expected[2]}: a cache belongs to one batch "
+            "of sequences and one layer (make a new one for a new batch, or after pruning heads)"
+        )
+    if kv_cache.keys.device != device or kv_cache.keys.dtype != dtype:
+        raise ValueError(
+            f"the cache holds {kv_cache.keys.dtype} keys on {kv_cache.keys.device}, the inputs are {dtype} on {device}"
+        )
+
+
 def layer_cache(module, queries, keys, kv_cache) -> int:
     """``MultiHeadAttention.forward(kv_cache=...)``: a ``LayerCache`` of this batch, heads, head size, device and
     dtype; returns the number of keys attention will see (cached + new)."""
@@ -21,19 +42,7 @@ def layer_cache(module, queries, keys, kv_cache) -> int:
         raise TypeError(f"kv_cache must be a LayerCache (mha_tutorial.kv_cache), got {_type_name(kv_cache)}")
     if not kv_cache.filled:
         return keys.shape[1]
-    batch, H, _, d = kv_cache.keys.shape
-    expected = (queries.shape[0], module.num_heads, module.head_size)
-    if (batch, H, d) != expected:
-        raise ValueError(
-            f"the cache holds keys of shape {tuple(kv_cache.keys.shape)} (B, H, T, d) but this call has B = "
-            f"{expected[0]} and the layer H = {expected[1]} heads of d = {expected[2]}: a cache belongs to one batch "
-            "of sequences and one layer (make a new one for a new batch, or after pruning heads)"
-        )
-    if kv_cache.keys.device != queries.device or kv_cache.keys.dtype != queries.dtype:
-        raise ValueError(
-            f"the cache holds {kv_cache.keys.dtype} keys on {kv_cache.keys.device}, the queries are "
-            f"{queries.dtype} on {queries.device}"
-        )
+    _fits(module, kv_cache, queries.shape[0], queries.device, queries.dtype)
     return kv_cache.num_keys_after(keys.shape[1])
 
 
@@ -53,6 +62,10 @@ def decoder_step(model, tokens, cache, token_mask, max_len: int) -> None:
                 f"the cache holds a batch of {first.keys.shape[0]} sequences, the tokens have shape "
                 f"{tuple(tokens.shape)}: make a new KVCache(model) for a new batch"
             )
+        weight = next(model.parameters())
+        for name, layer in model.attention_layers():  # every layer, before the first one appends anything
+            if name in cache.layers and cache.layers[name].filled:
+                _fits(layer, cache.layers[name], tokens.shape[0], weight.device, weight.dtype)
     start = 0 if cache is None else cache.length
     if start + tokens.shape[1] > max_len:
         raise ValueError(

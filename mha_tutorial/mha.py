@@ -9,6 +9,11 @@ The four projections are ``nn.Linear`` layers named as in the text: ``W_q``,
 ``W_q``, ``W_k``, ``W_v`` (d = num_hiddens / num_heads) and the matching input
 columns of ``W_o`` -- the layout of ``nn.MultiheadAttention``, so weights can be
 copied across directly.
+
+Grouped-query attention (``num_kv_heads`` < H, Ainslie et al. 2023) keeps H query heads but only
+H_kv key/value heads: ``W_k`` and ``W_v`` output H_kv * d features, and query head h reads K/V head
+h // (H / H_kv), so each run of H / H_kv consecutive query heads shares one. ``num_kv_heads=1`` is
+multi-query attention (Shazeer 2019). A KV cache then stores H_kv heads instead of H.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from . import _validate as validate
 from .attention import DotProductAttention
 from .heads import transpose_output, transpose_qkv
 from .masks import and_causal, as_4d, combine_masks, fold_heads
+
+# F.scaled_dot_product_attention(..., enable_gqa=True) appeared in PyTorch 2.5.
+_SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 class MultiHeadAttention(nn.Module):
@@ -35,9 +43,11 @@ class MultiHeadAttention(nn.Module):
             (and checkpoints) have a bias on ``W_o`` only: ``bias=False, out_bias=True``.
         query_size, key_size, value_size: input sizes when they differ from
             ``num_hiddens`` (cross-attention between different spaces).
+        num_kv_heads: key/value heads H_kv, a divisor of ``num_heads``; None (the default) means H_kv = H,
+            plain multi-head attention; 1 is multi-query attention; anything between, grouped-query attention.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the module's options, as keywords)
         self,
         num_hiddens: int,
         num_heads: int,
@@ -48,19 +58,30 @@ class MultiHeadAttention(nn.Module):
         query_size: int | None = None,
         key_size: int | None = None,
         value_size: int | None = None,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
-        validate.mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, value_size)
+        validate.mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, value_size, num_kv_heads)
+        if type(self).forward is not MultiHeadAttention.forward:  # a variant of notebook 03: its own forward
+            why = "it replaces forward with plain multi-head attention; use MultiHeadAttention itself"
+            validate.plain_heads_only(type(self).__name__, num_heads, num_kv_heads, why)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.num_hiddens, self.num_heads = num_hiddens, num_heads
         self.head_size = num_hiddens // num_heads
+        kv_features = num_kv_heads * self.head_size  # H_kv * d: num_hiddens unless grouped-query
         self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
-        self.W_k = nn.Linear(key_size or num_hiddens, num_hiddens, bias=bias)
-        self.W_v = nn.Linear(value_size or num_hiddens, num_hiddens, bias=bias)
+        self.W_k = nn.Linear(key_size or num_hiddens, kv_features, bias=bias)
+        self.W_v = nn.Linear(value_size or num_hiddens, kv_features, bias=bias)
         self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias if out_bias is None else out_bias)
         self.attention = DotProductAttention(dropout)
         self.attention_weights: torch.Tensor | None = None
         self.head_ids = list(range(num_heads))  # original numbers of the heads still present (see prune_heads)
         self.pruned_heads: list[int] = []
+
+    @property
+    def num_kv_heads(self) -> int:
+        """H_kv, the key/value heads: read off ``W_k``, so it follows ``num_heads`` when heads are pruned."""
+        return self.W_k.out_features // self.head_size
 
     def forward(  # noqa: PLR0913 (the module's options, named as in PyTorch)
         self,
@@ -107,11 +128,10 @@ class MultiHeadAttention(nn.Module):
             return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask, kv_cache)
         batch, H = queries.shape[0], self.num_heads
         q = transpose_qkv(self.W_q(queries), H)  # (B*H, Q, d)
-        if kv_cache is None:
-            k = transpose_qkv(self.W_k(keys), H)  # (B*H, K, d)
-            v = transpose_qkv(self.W_v(values), H)  # (B*H, K, d)
-        else:
-            k, v = (t.flatten(0, 1) for t in self._cached_keys_values(keys, values, kv_cache))  # (B*H, K, d)
+        k, v = self._keys_values(keys, values, kv_cache)  # (B, H_kv, K, d) each
+        # Each K/V head serves H / H_kv consecutive query heads: copy it that many times in place, so that
+        # row b*H + h of k and v is K/V head h // (H / H_kv) of example b, next to row b*H + h of q.
+        k, v = (self._repeat_kv_heads(t).flatten(0, 1) for t in (k, v))  # (B, H, K, d) -> (B*H, K, d)
         if valid_lens is not None:
             # Row b*H + h of q is head h of example b, so each length is repeated H times in place.
             valid_lens = torch.repeat_interleave(valid_lens, repeats=H, dim=0)  # (B*H,) or (B*H, Q)
@@ -122,28 +142,37 @@ class MultiHeadAttention(nn.Module):
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
 
-    def _cached_keys_values(self, keys, values, kv_cache):
-        """keys, values (B, K_new, size) -> all keys and values (B, H, K, d), through the cache (notebook 11)."""
-        if not kv_cache.grow and kv_cache.filled:  # cross-attention: the memory's projections, made once
+    def _keys_values(self, keys, values, kv_cache):
+        """keys, values (B, K_new, size) -> all keys and values (B, H_kv, K, d), through the cache if any
+        (notebook 11): the cache holds the H_kv heads, never the repeated ones."""
+        if kv_cache is not None and not kv_cache.grow and kv_cache.filled:  # cross-attention: projected once
             return kv_cache.keys, kv_cache.values
-        H, d = self.num_heads, self.head_size
-        k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K_new, d)
-        v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K_new, d)
-        return kv_cache.update(k, v)  # (B, H, K, d): the cached positions, then the new ones
+        H_kv, d = self.num_kv_heads, self.head_size
+        k = self.W_k(keys).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
+        v = self.W_v(values).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
+        if kv_cache is None:
+            return k, v
+        return kv_cache.update(k, v)  # (B, H_kv, K, d): the cached positions, then the new ones
+
+    def _repeat_kv_heads(self, x):
+        """(B, H_kv, K, d) -> (B, H, K, d): K/V head j becomes query heads j*G .. (j+1)*G - 1, G = H / H_kv."""
+        group = self.num_heads // self.num_kv_heads
+        return x if group == 1 else torch.repeat_interleave(x, group, dim=1)  # (B, H, K, d)
 
     def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, kv_cache=None, is_causal=False):
         """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""
         H, d = self.num_heads, self.head_size
         q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
-        if kv_cache is None:
-            k = self.W_k(keys).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
-            v = self.W_v(values).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, K, d)
-        else:
-            k, v = self._cached_keys_values(keys, values, kv_cache)  # (B, H, K, d)
+        k, v = self._keys_values(keys, values, kv_cache)  # (B, H_kv, K, d) each
         keep = as_4d(combine_masks(valid_lens, mask, k.shape[2], device=q.device))  # ~(B, H, Q, K), or None
         dropout_p = self.attention.dropout if self.training else 0.0
+        grouped = self.num_kv_heads != H
+        if grouped and not _SDPA_HAS_GQA:  # an older PyTorch: share the K/V heads by hand, as the step path does
+            k, v, grouped = self._repeat_kv_heads(k), self._repeat_kv_heads(v), False  # (B, H, K, d)
+        # enable_gqa: SDPA itself lets query head h read K/V head h // (H / H_kv), without copying k and v.
+        extra = {"enable_gqa": True} if grouped else {}
         output = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
+            q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal, **extra
         )  # (B, H, Q, d)
         # Some fused kernels (PyTorch's CPU flash kernel) turn a NaN query into a finite row; the step path gives
         # NaN, and so must this one: bad input should show, not vanish.
@@ -169,6 +198,8 @@ class MultiHeadAttention(nn.Module):
         """Remove heads for good (notebook 07): see ``mha_tutorial.pruning.prune_attention_heads``."""
         from .pruning import prune_attention_heads  # pruning builds on the whole model: import it only when used
 
+        why = "removing a query head cannot remove rows of W_k and W_v that other query heads still read"
+        validate.plain_heads_only("prune_heads", self.num_heads, self.num_kv_heads, why)
         prune_attention_heads(self, heads)
 
 

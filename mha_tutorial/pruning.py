@@ -300,6 +300,9 @@ def prune_attention_heads(layer, heads) -> None:
     exactly what the unpruned one does with those heads' ``head_mask`` entries set to 0.
     """
     validate_training.attention_layer(layer)
+    validate.plain_heads_only(
+        "prune_attention_heads", layer.num_heads, getattr(layer, "num_kv_heads", None), "a K/V head is shared"
+    )
     original = len(layer.head_ids) + len(layer.pruned_heads)
     heads = validate.head_numbers(heads, layer.head_ids, original)
     d = layer.head_size

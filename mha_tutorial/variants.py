@@ -94,6 +94,9 @@ class SeqFirstMultiHeadAttention(nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
         parts = MultiHeadAttention(*args, **kwargs)  # the same checks, sizes and initialisation
+        validate.plain_heads_only(
+            "SeqFirstMultiHeadAttention", parts.num_heads, parts.num_kv_heads, "it mirrors nn.MultiheadAttention"
+        )
         self.num_hiddens, self.num_heads, self.head_size = parts.num_hiddens, parts.num_heads, parts.head_size
         self.W_q, self.W_k, self.W_v, self.W_o = parts.W_q, parts.W_k, parts.W_v, parts.W_o
         self.attention = parts.attention  # holds the dropout rate
