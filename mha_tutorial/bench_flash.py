@@ -288,7 +288,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-k", type=int, default=256, help="keys per tile of the PyTorch version")
     parser.add_argument("--no-triton", dest="triton", action="store_false", help="skip the Triton version")
     parser.add_argument("--min-run-time", type=float, default=0.5)
-    parser.add_argument("--peak-tflops", type=float, help="the GPU's dense peak for --dtype, for the % column")
+    parser.add_argument("--peak-tflops", type=float, help="the GPU's dense peak for --dtype, for the %% column")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, short timings")
     parser.add_argument("--out", type=Path, default=Path("build/bench_flash"))
     return parser

@@ -47,7 +47,7 @@ def test_chunk_right_answer_passes(capsys):
         (chunk_with_mask(lambda Q, K: torch.ones(Q, K, dtype=torch.bool).tril()), "aligned top-left"),
         (chunk_with_mask(lambda Q, K: None), "no causal mask"),
         (chunk_with_mask(lambda Q, K: causal_mask(Q, K), scale=False), "not scaled"),
-        (chunk_with_mask(lambda Q, K: None, append=False), "only to the cached keys"),
+        (chunk_with_mask(lambda Q, K: None, append=False), "see only the cached keys"),
     ],
 )
 def test_chunk_mistakes_are_named(fn, fragment):

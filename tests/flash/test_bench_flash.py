@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 import torch
 
 from mha_tutorial import bench_flash
@@ -48,3 +49,13 @@ def test_ratios_divide_by_the_reference_at_the_same_pass_and_length():
         bench_flash.Row("tiled", "forward", seq=16, median_ms=9.0, **row),  # no reference at T = 16: no ratio
     ]
     assert bench_flash.ratios(rows) == [("forward", 8, "tiled", 2.5)]
+
+
+@pytest.mark.parametrize("module", ["bench_flash", "bench_decode"])
+def test_help_prints_and_exits_cleanly(module, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"mha_tutorial.{module}").main(["--help"])
+    assert info.value.code == 0
+    assert "--out" in capsys.readouterr().out
