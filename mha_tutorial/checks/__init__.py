@@ -37,7 +37,7 @@ from .nb07 import check_delta_loss, check_head_importance, check_params_after_pr
 from .nb08 import check_fixed_attention, check_smoke_predictions
 from .nb09 import check_ablation_change, check_accuracy_at_1, check_sep_share
 from .nb10 import check_merge_states, check_tile_gradients
-from .nb11 import check_cache_size, check_chunk_step
+from .nb11 import check_cache_size, check_cached_forward, check_chunk_step
 
 __all__ = [
     "CheckFailed",
@@ -83,5 +83,6 @@ __all__ = [
     "check_merge_states",
     "check_tile_gradients",
     "check_cache_size",
+    "check_cached_forward",
     "check_chunk_step",
 ]

@@ -5,6 +5,10 @@ projections. The reference is causal attention over all P + Q positions at once,
 package's cached attention is refused. Typical slips (the top-left ``tril()`` mask, no mask, no 1/√d, the new keys
 not appended, appending along the wrong axis) are named.
 
+Exercise 3: find the two bugs in a hand-written cached forward pass of a decoder (positions that restart at 0, a
+top-left mask). The reference is the model without a cache over the whole sequence; the package's cached
+``TransformerDecoder.forward`` is refused. Each bug, and forgetting to advance ``cache.length``, is named.
+
 Exercise 2: the bytes of an encoder-decoder's (or a decoder's) cache from its config, transferring notebook 11's
 decoder formula to a model with cross-attention. The reference is a real ``KVCache`` filled by the model; the
 package's ``KVCache`` and ``cache_bytes`` are refused. Typical slips (no factor 2 for K and V, the cross cache
@@ -21,10 +25,10 @@ import torch
 from .. import kv_cache
 from ..masks import causal_mask
 from ..mha import MultiHeadAttention
-from ..model import ModelConfig, build_model
+from ..model import ModelConfig, TransformerDecoder, build_model
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_cache_size", "check_chunk_step"]
+__all__ = ["check_cache_size", "check_cached_forward", "check_chunk_step"]
 
 _DT = torch.float64
 
@@ -165,3 +169,65 @@ def check_cache_size(fn) -> None:
                 raise CheckFailed(f"{case}: got {got} bytes, expected {expected}: {why}")
         raise CheckFailed(f"{case}: got {got} bytes, a real cache holds {expected}")
     passed("check_cache_size", len(cases))
+
+
+def _buggy_forward(model, new_tokens, cache, *, restart=False, top_left=False, frozen=False):
+    """A cached forward pass with switchable mistakes; the defaults give the right answer."""
+    T, start = new_tokens.shape[1], cache.length
+    positions = torch.arange(T) if restart else torch.arange(start, start + T)  # (T,)
+    X = model.embedding(new_tokens, positions)  # (B, T, d)
+    mask = torch.ones(T, start + T, dtype=torch.bool).tril() if top_left else causal_mask(T, start + T)
+    for i, block in enumerate(model.dec_blocks):
+        X = block(X, mask=mask, self_cache=cache[f"dec.{i}.self"])
+    if not frozen:
+        cache.length += T
+    return model.head(X)  # (B, T, V)
+
+
+def _maybe(compute):
+    """What a mistake computes, or None where that mistake crashes (it then cannot be the learner's answer)."""
+    try:
+        return compute()
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _chunks(fn, model, tokens, sizes):
+    cache, start, pieces = kv_cache.KVCache(model), 0, []
+    for size in sizes:
+        pieces.append(fn(model, tokens[:, start : start + size], cache))
+        start += size
+    return torch.cat(pieces, dim=1)  # (B, T, V)
+
+
+@friendly
+@torch.no_grad()
+def check_cached_forward(fn) -> None:
+    """``fn(model, new_tokens, cache)`` -> logits (B, T_new, V) of a decoder continuing ``cache`` (a KVCache)."""
+    from ..train import load_pretrained  # here: only this check needs the checkpoint
+
+    model = load_pretrained("induction", device="cpu").eval()
+    g = torch.Generator().manual_seed(113)
+    tokens = torch.randint(1, model.config.tgt_vocab_size, (2, 14), generator=g)  # (B, T)
+    expected = model(tokens)  # (B, T, V): no cache
+    cases = [("one chunk of 14 (no cache yet)", [14]), ("a prompt of 5, then one token at a time", [5] + [1] * 9),
+             ("a prompt of 4, then chunks of 3, 1, 6", [4, 3, 1, 6])]  # fmt: skip
+    for case, sizes in cases:
+        with refusing({TransformerDecoder.forward: "the model's own cached forward pass, model(tokens, cache=...)"}):
+            got = call(lambda sizes=sizes: _chunks(fn, model, tokens, sizes), case=case)
+        got = expect_tensor(got, case)
+        mistakes = (
+            (why, _maybe(lambda kw=kw, sizes=sizes: _chunks(lambda m, t, c: _buggy_forward(m, t, c, **kw), model, tokens, sizes)))
+            for why, kw in [
+                ("both bugs are still there: positions restart at 0, and the mask is aligned top-left",
+                 dict(restart=True, top_left=True)),
+                ("the new tokens' positions start at 0 in every call: they sit at positions cache.length, "
+                 "cache.length + 1, ... (and cache.length must grow by T after each call)", dict(restart=True)),
+                ("the mask is aligned top-left: the new queries are the last T of the start + T positions "
+                 "(causal_mask(T, start + T))", dict(top_left=True)),
+                ("cache.length is never advanced, so the next call's positions and mask start from 0 again",
+                 dict(frozen=True)),
+            ]
+        )  # fmt: skip
+        diagnose(got.float(), expected, mistakes, f"{case} (logits against the model without a cache)", atol=1e-4)
+    passed("check_cached_forward", len(cases))

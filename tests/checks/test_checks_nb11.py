@@ -131,3 +131,34 @@ def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, 
     assert capsys.readouterr().out.count("not attempted yet") == 2
     monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
     fails_with(checks.check_chunk_step, stub, "not attempted")
+
+
+def cached_forward_right(model, new_tokens, cache, *, restart=False, top_left=False):
+    T, start = new_tokens.shape[1], cache.length
+    X = model.embedding(new_tokens, torch.arange(T) if restart else torch.arange(start, start + T))
+    mask = torch.ones(T, start + T, dtype=torch.bool).tril() if top_left else causal_mask(T, start + T)
+    for i, block in enumerate(model.dec_blocks):
+        X = block(X, mask=mask, self_cache=cache[f"dec.{i}.self"])
+    cache.length += T
+    return model.head(X)
+
+
+def test_cached_forward_right_answer_passes(capsys):
+    checks.check_cached_forward(cached_forward_right)
+    assert "✓ check_cached_forward: passed on 3 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(restart=True), "positions start at 0"),
+        (dict(top_left=True), "aligned top-left"),
+        (dict(restart=True, top_left=True), "both bugs"),
+    ],
+)
+def test_cached_forward_bugs_are_named(kwargs, fragment):
+    fails_with(checks.check_cached_forward, lambda m, t, c: cached_forward_right(m, t, c, **kwargs), fragment)
+
+
+def test_cached_forward_refuses_the_model_own_cache():
+    fails_with(checks.check_cached_forward, lambda m, t, c: m(t, cache=c), "model(tokens, cache=...)")
