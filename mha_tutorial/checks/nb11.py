@@ -78,6 +78,8 @@ def check_chunk_step(fn) -> None:
             raise CheckFailed(f"{case}: return a tuple (out, k_all, v_all), got {type(got).__name__}")
         out, k_all, v_all = (expect_tensor(x, case) for x in got)
         k, v = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)  # (B, H, P + Q, d or dv)
+        if tuple(k_all.shape) == tuple(v.shape) and tuple(v_all.shape) == tuple(k.shape) and d != dv:
+            raise CheckFailed(f"{case}: k_all and v_all are swapped: return (out, k_all, v_all) in that order")
         for name, actual, expected in (("k_all", k_all, k), ("v_all", v_all, v)):
             if tuple(actual.shape) != tuple(expected.shape):
                 raise CheckFailed(
@@ -91,6 +93,8 @@ def check_chunk_step(fn) -> None:
             ("the mask is aligned top-left (tril of (Q, K)): the new queries are the *last* Q positions, so query i "
              "sees keys up to P + i (causal_mask(Q, K) is aligned bottom-right)",
              _attend(q, k, v, torch.ones(Q, K, dtype=torch.bool).tril()) if P else None),
+            ("each new query must see its own key too: the diagonal is visible (query i sees keys up to P + i, "
+             "included)", _attend(q, k, v, torch.ones(Q, K, dtype=torch.bool).tril(K - Q - 1)) if K > Q or Q > 1 else None),
             ("no causal mask: with Q > 1 new queries, an earlier one must not see the later new keys",
              _attend(q, k, v, None) if Q > 1 else None),
             ("the new queries see only the cached keys: append k_new and v_new first, and let each new query see "
@@ -110,7 +114,7 @@ def _size_cases():
     encdec = ModelConfig("encoder_decoder", 13, 11, num_hiddens=32, num_heads=4, ffn_num_hiddens=16,
                          num_enc_layers=1, num_dec_layers=3, max_len=20)  # fmt: skip
     return [
-        ("a decoder, float32", dec, 2, 0, 7, torch.float32),
+        ("a decoder, float32 (src_len 5 given, to be ignored)", dec, 2, 5, 7, torch.float32),
         ("an encoder-decoder, source 12, target 5, float32", encdec, 3, 12, 5, torch.float32),
         ("the same encoder-decoder in float64, source 4, target 9", encdec, 1, 4, 9, torch.float64),
         ("the same encoder-decoder in bfloat16, source 17, target 3", encdec, 2, 17, 3, torch.bfloat16),
@@ -154,6 +158,8 @@ def check_cache_size(fn) -> None:
         cross = config.kind == "encoder_decoder"
         per_position = 2 * L * batch * H * d * size  # bytes of K and V for one position in every decoder layer
         mistakes = [
+            (expected // tgt_len * (tgt_len + src_len), "a decoder has no source and no cross-attention: ignore "
+             "src_len for kind 'decoder'") if not cross else None,
             (expected // size * 4, "4 bytes per number whatever the dtype: use the dtype's element_size()")
             if size != 4 else None,
             (expected // 2, "no factor 2: every layer keeps a key *and* a value per position"),

@@ -47,11 +47,20 @@ def test_chunk_right_answer_passes(capsys):
         (chunk_with_mask(lambda Q, K: torch.ones(Q, K, dtype=torch.bool).tril()), "aligned top-left"),
         (chunk_with_mask(lambda Q, K: None), "no causal mask"),
         (chunk_with_mask(lambda Q, K: causal_mask(Q, K), scale=False), "not scaled"),
-        (chunk_with_mask(lambda Q, K: None, append=False), "see only the cached keys"),
+        (chunk_with_mask(lambda Q, K: None, append=False), "its own key too"),
+        (chunk_with_mask(lambda Q, K: torch.ones(Q, K, dtype=torch.bool).tril(K - Q - 1)), "its own key too"),
     ],
 )
 def test_chunk_mistakes_are_named(fn, fragment):
     fails_with(checks.check_chunk_step, fn, fragment)
+
+
+def test_chunk_swapped_cache_is_named():
+    def swapped(q, k_cache, v_cache, k_new, v_new):
+        out, k, v = chunk_right(q, k_cache, v_cache, k_new, v_new)
+        return out, v, k
+
+    fails_with(checks.check_chunk_step, swapped, "swapped")
 
 
 def test_chunk_appended_on_the_wrong_axis_is_named():
@@ -94,7 +103,8 @@ def test_size_right_answer_passes(capsys):
 def _size(config, batch, src_len, tgt_len, dtype, *, factor=2, cross="src", element=None, enc=False):  # noqa: PLR0913
     d = config.num_hiddens // config.num_heads
     layers = config.num_dec_layers + (config.num_enc_layers if enc else 0)
-    extra = {"src": src_len, "tgt": tgt_len, "none": 0}[cross] if config.kind == "encoder_decoder" else 0
+    extra = {"src": src_len, "tgt": tgt_len, "none": 0, "src_always": src_len}[cross]
+    extra = extra if config.kind == "encoder_decoder" or cross == "src_always" else 0
     size = element or torch.empty((), dtype=dtype).element_size()
     return factor * layers * batch * config.num_heads * (tgt_len + extra) * d * size
 
@@ -107,6 +117,7 @@ def _size(config, batch, src_len, tgt_len, dtype, *, factor=2, cross="src", elem
         (dict(cross="tgt"), "not the target's"),
         (dict(element=4), "whatever the dtype"),
         (dict(enc=True), "encoder's layers keep no cache"),
+        (dict(cross="src_always"), "a decoder has no source"),
     ],
 )
 def test_size_mistakes_are_named(kwargs, fragment):
