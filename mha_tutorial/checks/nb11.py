@@ -163,6 +163,7 @@ def check_cache_size(fn) -> None:
             (expected // size * 4, "4 bytes per number whatever the dtype: use the dtype's element_size()")
             if size != 4 else None,
             (expected // 2, "no factor 2: every layer keeps a key *and* a value per position"),
+            (expected * H, "d is the head size, num_hiddens // num_heads: H heads of d features make num_hiddens"),
             (per_position * tgt_len, "the cross-attention caches are missing: each decoder layer also keeps the "
              "keys and values of the src_len source positions") if cross else None,
             (per_position * 2 * tgt_len, "the cross-attention caches hold the source's positions (src_len), not the "

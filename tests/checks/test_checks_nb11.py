@@ -173,3 +173,10 @@ def test_cached_forward_bugs_are_named(kwargs, fragment):
 
 def test_cached_forward_refuses_the_model_own_cache():
     fails_with(checks.check_cached_forward, lambda m, t, c: m(t, cache=c), "model(tokens, cache=...)")
+
+
+def test_size_with_num_hiddens_as_the_head_size_is_named():
+    def wrong_d(config, batch, src_len, tgt_len, dtype):
+        return size_right(config, batch, src_len, tgt_len, dtype) * config.num_heads
+
+    fails_with(checks.check_cache_size, wrong_d, "head size")
