@@ -24,12 +24,12 @@ def head_size(d) -> None:
         raise ValueError(f"RoPE rotates features in pairs, so head_size must be positive and even, got {d}")
 
 
-def base(value) -> None:
+def base(value, name: str = "base") -> None:
     """A finite real number > 0 (the frequencies are base^(-2i/d))."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"base must be a real number, got {_type_name(value)} {value!r:.40}")
+        raise TypeError(f"{name} must be a real number, got {_type_name(value)} {value!r:.40}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"base must be finite and > 0 (the frequencies are base^(-2i/d)), got {value!r}")
+        raise ValueError(f"{name} must be finite and > 0 (the frequencies are base^(-2i/d)), got {value!r}")
 
 
 def layout(name) -> None:
@@ -79,4 +79,54 @@ def rope_inputs(x, pos, value, name) -> torch.Tensor:
         raise ValueError(f"positions has shape {_shape(pos)}, expected {expected} for x of shape {_shape(x)}")
     if pos.device != x.device:
         raise ValueError(f"positions are on {pos.device}, x on {x.device}")
+    return pos
+
+
+# ---- MultiHeadAttention(rope_base=...) ----------------------------------------------------------------------------
+def attention_config(rope_base, num_hiddens: int, num_heads: int) -> None:
+    """``MultiHeadAttention(rope_base=...)``: None (no rotation), or a base > 0 with an even head size."""
+    if rope_base is None:
+        return
+    base(rope_base, "rope_base")
+    if (num_hiddens // num_heads) % 2:
+        raise ValueError(
+            f"rope_base={rope_base!r} rotates q and k in pairs of features, so the head size num_hiddens / num_heads "
+            f"= {num_hiddens} / {num_heads} = {num_hiddens // num_heads} must be even"
+        )
+
+
+def no_rope(what: str, rope_base, why: str) -> None:
+    """Refuse rotary positions in an attention variant whose own ``forward`` would not rotate q and k."""
+    if rope_base is not None:
+        raise NotImplementedError(f"{what} cannot rotate q and k (rope_base={rope_base!r}): {why}")
+
+
+def attention_positions(module, queries, keys, pos, kv_cache):
+    """``MultiHeadAttention.forward(positions=...)``: None or integer positions (T,) or (B, T) of the new queries,
+    which must be the new keys (self-attention); refused for a layer without ``rope_base``. Returns them or None."""
+    if module.rope_base is None:
+        if pos is not None:
+            raise ValueError(
+                "positions were given, but this layer has no rotary positions (rope_base=None): "
+                "only a layer made with MultiHeadAttention(..., rope_base=...) rotates q and k by their positions"
+            )
+        return None
+    Q, K = queries.shape[1], keys.shape[1]
+    if Q != K or (kv_cache is not None and not kv_cache.grow):
+        what = "a fixed (cross-attention) cache" if Q == K else f"{Q} queries but {K} new keys"
+        raise ValueError(
+            f"rotary positions (rope_base={module.rope_base}) are for self-attention, where the new queries are the "
+            f"new keys, at the same positions; got {what}: make cross-attention layers without rope_base"
+        )
+    if pos is None:
+        return None
+    pos = positions(pos)
+    expected = [(K,), (queries.shape[0], K)]
+    if _shape(pos) not in expected:
+        raise ValueError(
+            f"positions has shape {_shape(pos)}, expected {expected[0]} or {expected[1]} (one per new query) for "
+            f"queries of shape {_shape(queries)}"
+        )
+    if pos.device != queries.device:
+        raise ValueError(f"positions are on {pos.device}, the queries on {queries.device}")
     return pos

@@ -71,6 +71,52 @@ def model_config_fields(config) -> None:
         raise TypeError(f"ModelConfig.bias must be True or False, got {config.bias!r:.40}")
 
 
+def model_position_sizes(config) -> None:
+    """``ModelConfig.position``, ``rope_base`` and (once the sizes are known good) a head size RoPE can pair up."""
+    position_kind(config.position)
+    if not _is_real(config.rope_base):
+        raise TypeError(f"ModelConfig.rope_base must be a number > 0, got {config.rope_base!r:.40}")
+    if not (math.isfinite(config.rope_base) and config.rope_base > 0):
+        raise ValueError(
+            f"ModelConfig.rope_base must be finite and > 0 (frequencies base^(-2i/d)), got {config.rope_base!r}"
+        )
+    head_size = config.num_hiddens // config.num_heads
+    if config.position == "rope" and head_size % 2:
+        raise ValueError(
+            f"position='rope' rotates q and k in pairs of features, so the head size num_hiddens / num_heads = "
+            f"{config.num_hiddens} / {config.num_heads} = {head_size} must be even"
+        )
+
+
+def position_kind(position) -> None:
+    """How a model encodes positions: one of ``blocks.POSITIONS``."""
+    from .blocks import POSITIONS  # here, not at the top: blocks imports this module
+
+    if not isinstance(position, str) or position not in POSITIONS:
+        raise ValueError(f"position must be one of {POSITIONS}, got {position!r:.40}")
+
+
+def token_positions(positions, tokens, max_len: int) -> None:
+    """``TransformerDecoder.forward(positions=...)``: None or integers (T,) or (B, T) in [0, max_len)."""
+    if positions is None:
+        return
+    if not isinstance(positions, torch.Tensor) or positions.dtype not in _INTEGER_DTYPES:
+        what = f"dtype {positions.dtype}" if isinstance(positions, torch.Tensor) else _type_name(positions)
+        raise TypeError(f"positions must be an integer tensor (T,) or (B, T), got {what}")
+    B, T = tokens.shape
+    if tuple(positions.shape) not in ((T,), (B, T)):
+        raise ValueError(
+            f"positions must have shape ({T},) or ({B}, {T}) for tokens {tuple(tokens.shape)}, got {tuple(positions.shape)}"
+        )
+    if positions.device != tokens.device:
+        raise ValueError(f"positions are on {positions.device}, the tokens on {tokens.device}")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= max_len):
+        raise ValueError(
+            f"positions must lie in [0, {max_len - 1}] (max_len={max_len}), got values from "
+            f"{int(positions.min())} to {int(positions.max())}"
+        )
+
+
 def model_config(config) -> None:
     """``build_model(config)``: a ``ModelConfig`` or a dict of its fields."""
     from .model import ModelConfig  # here, not at the top: the model imports this module
@@ -225,7 +271,7 @@ def checkpoint_config(config, path) -> None:
         raise ValueError(f"{path}: field 'config' lacks the ModelConfig fields {missing}")
     if unknown:
         raise ValueError(f"{path}: field 'config' has fields {unknown} that ModelConfig does not know")
-    types = {"int": int, "str": str, "bool": bool, "float": int | float}
+    types = {"int": int, "str": str, "bool": bool, "float": int | float, "int | None": int | type(None)}
     for name, value in config.items():
         want = types.get(str(fields[name].type), object)
         if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):

@@ -78,6 +78,7 @@ def mha_to_gqa(mha: MultiHeadAttention, num_kv_heads: int, init: str = "mean", g
         key_size=W_k.in_features,
         value_size=W_v.in_features,
         num_kv_heads=num_kv_heads,
+        rope_base=mha.rope_base,  # a rotary layer stays rotary
     ).to(device=W_q.weight.device, dtype=W_q.weight.dtype)
     new.train(mha.training)
     with torch.no_grad():

@@ -14,6 +14,10 @@ Grouped-query attention (``num_kv_heads`` < H, Ainslie et al. 2023) keeps H quer
 H_kv key/value heads: ``W_k`` and ``W_v`` output H_kv * d features, and query head h reads K/V head
 h // (H / H_kv), so each run of H / H_kv consecutive query heads shares one. ``num_kv_heads=1`` is
 multi-query attention (Shazeer 2019). A KV cache then stores H_kv heads instead of H.
+
+Rotary positions (``rope_base``, Su et al. 2021; ``rope.py``): in self-attention, each head's q and k are rotated
+by their positions right after the projections, so a score depends only on how far apart query and key are. v is
+never rotated, and the cache stores keys already rotated: a later step rotates only its own new ones.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import _validate as validate
+from . import _validate_rope as validate_rope
 from .attention import DotProductAttention
-from .heads import transpose_output, transpose_qkv
+from .heads import transpose_output
 from .masks import and_causal, as_4d, combine_masks, fold_heads
+from .rope import apply_rope
 
 # F.scaled_dot_product_attention(..., enable_gqa=True) appeared in PyTorch 2.5.
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -45,6 +51,8 @@ class MultiHeadAttention(nn.Module):
             ``num_hiddens`` (cross-attention between different spaces).
         num_kv_heads: key/value heads H_kv, a divisor of ``num_heads``; None (the default) means H_kv = H,
             plain multi-head attention; 1 is multi-query attention; anything between, grouped-query attention.
+        rope_base: None (the default) for no positions inside attention; a number > 0 makes the layer rotate q and k
+            by their positions (rotary positions, layout "half", frequencies base^(-2i/d)); self-attention only.
     """
 
     def __init__(  # noqa: PLR0913 (the module's options, as keywords)
@@ -59,15 +67,19 @@ class MultiHeadAttention(nn.Module):
         key_size: int | None = None,
         value_size: int | None = None,
         num_kv_heads: int | None = None,
+        rope_base: float | None = None,
     ):
         super().__init__()
         validate.mha_config(num_hiddens, num_heads, bias, out_bias, query_size, key_size, value_size, num_kv_heads)
+        validate_rope.attention_config(rope_base, num_hiddens, num_heads)
         if type(self).forward is not MultiHeadAttention.forward:  # a variant of notebook 03: its own forward
             why = "it replaces forward with plain multi-head attention; use MultiHeadAttention itself"
             validate.plain_heads_only(type(self).__name__, num_heads, num_kv_heads, why)
+            validate_rope.no_rope(type(self).__name__, rope_base, why)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.num_hiddens, self.num_heads = num_hiddens, num_heads
         self.head_size = num_hiddens // num_heads
+        self.rope_base = None if rope_base is None else float(rope_base)  # None: q and k are not rotated
         kv_features = num_kv_heads * self.head_size  # H_kv * d: num_hiddens unless grouped-query
         self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
         self.W_k = nn.Linear(key_size or num_hiddens, kv_features, bias=bias)
@@ -94,6 +106,7 @@ class MultiHeadAttention(nn.Module):
         need_weights=True,
         is_causal=False,
         kv_cache=None,
+        positions=None,
     ):
         """queries (B, Q, q_size), keys (B, K, k_size), values (B, K, v_size) -> (B, Q, num_hiddens).
 
@@ -115,20 +128,66 @@ class MultiHeadAttention(nn.Module):
         growing cache appends this call's, so the scores' K counts the cached positions too (masks and
         ``valid_lens`` cover all K; ``is_causal`` aligns the queries with the *last* keys); a fixed one
         (cross-attention) projects ``keys``/``values`` on its first call only.
+
+        ``positions`` (T,) or (B, T) integers, only for a layer made with ``rope_base``: where the T new queries
+        stand, which are the T new keys (self-attention: Q == K_new). By default 0..T-1, continuing the cache.
         """
         valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal, kv_cache)
+        positions = self._positions(queries, keys, positions, kv_cache)  # (T,) or (B, T); None without rope_base
         num_keys = keys.shape[1] if kv_cache is None else kv_cache.num_keys_after(keys.shape[1])  # cached + new
         if self.num_heads == 0:  # every head pruned: the sublayer contributes only W_o's bias
             return self._no_heads(queries, num_keys, need_weights)
         num_queries = queries.shape[1]
+        q, k, v = self._project(queries, keys, values, kv_cache, positions)  # (B, H, Q, d), (B, H_kv, K, d) x 2
         if not need_weights and is_causal and valid_lens is None and mask is None and num_queries == num_keys:
-            return self._fused_forward(queries, keys, values, None, None, head_mask, kv_cache, is_causal=True)
+            return self._fused_forward(q, k, v, None, None, head_mask, is_causal=True)
         mask = and_causal(mask, num_queries, num_keys, queries.device) if is_causal else mask
         if not need_weights:
-            return self._fused_forward(queries, keys, values, valid_lens, mask, head_mask, kv_cache)
-        batch, H = queries.shape[0], self.num_heads
-        q = transpose_qkv(self.W_q(queries), H)  # (B*H, Q, d)
-        k, v = self._keys_values(keys, values, kv_cache)  # (B, H_kv, K, d) each
+            return self._fused_forward(q, k, v, valid_lens, mask, head_mask)
+        return self._step_forward(q, k, v, valid_lens, mask, head_mask)
+
+    def _positions(self, queries, keys, positions, kv_cache):
+        """The positions (T,) or (B, T) of the new queries and keys, checked; None for a layer without rope_base."""
+        positions = validate_rope.attention_positions(self, queries, keys, positions, kv_cache)
+        if positions is None and self.rope_base is not None:
+            start = 0 if kv_cache is None else len(kv_cache)  # the cache's positions come first
+            positions = torch.arange(start, start + keys.shape[1], device=keys.device)  # (T,)
+        return positions
+
+    def _project(self, queries, keys, values, kv_cache, positions):
+        """queries (B, Q, q_size) -> q (B, H, Q, d); keys, values -> every key and value (B, H_kv, K, d).
+
+        With ``positions`` (rotary positions), q and the new k are rotated here, before the cache stores k."""
+        H, d = self.num_heads, self.head_size
+        q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
+        if positions is not None:
+            q = apply_rope(q, positions, self.rope_base)  # (B, H, Q, d): query i turned by its position's angles
+        k, v = self._keys_values(keys, values, kv_cache, positions)  # (B, H_kv, K, d) each
+        return q, k, v
+
+    def _keys_values(self, keys, values, kv_cache, positions=None):
+        """keys, values (B, K_new, size) -> all keys and values (B, H_kv, K, d), through the cache if any
+        (notebook 11): the cache holds the H_kv heads, never the repeated ones, and keys already rotated."""
+        if kv_cache is not None and not kv_cache.grow and kv_cache.filled:  # cross-attention: projected once
+            return kv_cache.keys, kv_cache.values
+        H_kv, d = self.num_kv_heads, self.head_size
+        k = self.W_k(keys).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
+        v = self.W_v(values).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
+        if positions is not None:
+            k = apply_rope(k, positions, self.rope_base)  # (B, H_kv, K_new, d); v is never rotated
+        if kv_cache is None:
+            return k, v
+        return kv_cache.update(k, v)  # (B, H_kv, K, d): the cached positions, then the new ones
+
+    def _repeat_kv_heads(self, x):
+        """(B, H_kv, K, d) -> (B, H, K, d): K/V head j becomes query heads j*G .. (j+1)*G - 1, G = H / H_kv."""
+        group = self.num_heads // self.num_kv_heads
+        return x if group == 1 else torch.repeat_interleave(x, group, dim=1)  # (B, H, K, d)
+
+    def _step_forward(self, q, k, v, valid_lens, mask, head_mask):
+        """The step-by-step path on q (B, H, Q, d), k and v (B, H_kv, K, d): scores, softmax, weighted sum."""
+        batch, H = q.shape[0], self.num_heads
+        q = q.flatten(0, 1)  # (B*H, Q, d): row b*H + h is head h of example b (transpose_qkv's layout)
         # Each K/V head serves H / H_kv consecutive query heads: copy it that many times in place, so that
         # row b*H + h of k and v is K/V head h // (H / H_kv) of example b, next to row b*H + h of q.
         k, v = (self._repeat_kv_heads(t).flatten(0, 1) for t in (k, v))  # (B, H, K, d) -> (B*H, K, d)
@@ -142,28 +201,9 @@ class MultiHeadAttention(nn.Module):
             output = output * gates[:, None, None]  # (B*H, Q, d)
         return self.W_o(transpose_output(output, H))  # (B, Q, num_hiddens)
 
-    def _keys_values(self, keys, values, kv_cache):
-        """keys, values (B, K_new, size) -> all keys and values (B, H_kv, K, d), through the cache if any
-        (notebook 11): the cache holds the H_kv heads, never the repeated ones."""
-        if kv_cache is not None and not kv_cache.grow and kv_cache.filled:  # cross-attention: projected once
-            return kv_cache.keys, kv_cache.values
-        H_kv, d = self.num_kv_heads, self.head_size
-        k = self.W_k(keys).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
-        v = self.W_v(values).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
-        if kv_cache is None:
-            return k, v
-        return kv_cache.update(k, v)  # (B, H_kv, K, d): the cached positions, then the new ones
-
-    def _repeat_kv_heads(self, x):
-        """(B, H_kv, K, d) -> (B, H, K, d): K/V head j becomes query heads j*G .. (j+1)*G - 1, G = H / H_kv."""
-        group = self.num_heads // self.num_kv_heads
-        return x if group == 1 else torch.repeat_interleave(x, group, dim=1)  # (B, H, K, d)
-
-    def _fused_forward(self, queries, keys, values, valid_lens, mask, head_mask, kv_cache=None, is_causal=False):
-        """The same computation through ``F.scaled_dot_product_attention`` on (B, H, T, d) tensors."""
-        H, d = self.num_heads, self.head_size
-        q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
-        k, v = self._keys_values(keys, values, kv_cache)  # (B, H_kv, K, d) each
+    def _fused_forward(self, q, k, v, valid_lens, mask, head_mask, is_causal=False):
+        """The same computation through ``F.scaled_dot_product_attention`` on q (B, H, Q, d), k, v (B, H_kv, K, d)."""
+        H = self.num_heads
         keep = as_4d(combine_masks(valid_lens, mask, k.shape[2], device=q.device))  # ~(B, H, Q, K), or None
         dropout_p = self.attention.dropout if self.training else 0.0
         grouped = self.num_kv_heads != H

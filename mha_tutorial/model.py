@@ -1,8 +1,9 @@
 """Tiny transformers built from the package's own parts (notebook 05).
 
 Three shapes of model, all made of the same pieces -- ``MultiHeadAttention``,
-the post-norm ``AddNorm`` sublayer, a position-wise MLP and learned positional
-embeddings:
+the post-norm ``AddNorm`` sublayer, a position-wise MLP and positional
+embeddings (learned by default; ``ModelConfig.position`` also offers the fixed
+sinusoidal table and rotary positions):
 
 * ``TransformerEncoder``  (kind ``"encoder"``): bidirectional self-attention,
   one prediction per input position.
@@ -53,6 +54,7 @@ __all__ = [
 ]
 
 KINDS = ("encoder", "decoder", "encoder_decoder")
+LATER_FIELDS = ("position", "rope_base", "num_kv_heads")  # ModelConfig fields newer than the first checkpoints
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,16 @@ class ModelConfig:
         ffn_num_hiddens: hidden width of the position-wise MLP; 0 = attention-only layers.
         num_enc_layers: encoder layers (0 for a decoder-only model).
         num_dec_layers: decoder layers (0 for an encoder-only model).
-        max_len: longest sequence the learned positional embeddings cover.
+        max_len: longest sequence (and largest position + 1) the model takes, whatever ``position`` is.
         dropout: dropout in attention weights and sublayers (0 for these tiny tasks).
         bias: whether the attention projections have biases.
+        position: ``"learned"`` (a trained embedding per position, the default), ``"sinusoidal"`` (the fixed
+            sin/cos table, added the same way) or ``"rope"`` (rotary positions in every self-attention layer).
+        rope_base: the base of the rotary frequencies, base^(-2i/d) (used with ``position="rope"``).
+        num_kv_heads: key/value heads of every attention layer (grouped-query attention); None = num_heads.
+
+    Checkpoints saved before ``position``, ``rope_base`` and ``num_kv_heads`` existed lack them: the defaults
+    are what those models were (learned positions, one K/V head per head).
     """
 
     kind: str
@@ -84,6 +93,9 @@ class ModelConfig:
     max_len: int = 32
     dropout: float = 0.0
     bias: bool = True
+    position: str = "learned"
+    rope_base: float = 10000.0
+    num_kv_heads: int | None = None
 
     def __post_init__(self):
         validate_training.model_config_fields(self)
@@ -111,9 +123,15 @@ class ModelConfig:
             raise ValueError(f"num_hiddens={self.num_hiddens} is not divisible by num_heads={self.num_heads}")
         if self.ffn_num_hiddens < 0:
             raise ValueError(f"ffn_num_hiddens must be >= 0 (0 = no MLP), got {self.ffn_num_hiddens}")
+        validate.kv_heads(self.num_kv_heads, self.num_heads)
+        validate_training.model_position_sizes(self)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a plain dict; the later fields (``LATER_FIELDS``) only where they differ from their
+        defaults, so a model configured as before has the dict (and checkpoints) it always had."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        fields = dataclasses.asdict(self)
+        return {k: v for k, v in fields.items() if k not in LATER_FIELDS or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -197,7 +215,7 @@ class TransformerEncoder(TinyTransformer):
         if cfg.kind != "encoder":
             raise ValueError(f"TransformerEncoder needs kind='encoder', got {cfg.kind!r}")
         self.config = cfg
-        self.embedding = Embedding(cfg.src_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.embedding = Embedding(cfg.src_vocab_size, cfg.num_hiddens, cfg.max_len, cfg.position)
         self.enc_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_enc_layers))
         self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
 
@@ -222,22 +240,25 @@ class TransformerDecoder(TinyTransformer):
         if cfg.kind != "decoder":
             raise ValueError(f"TransformerDecoder needs kind='decoder', got {cfg.kind!r}")
         self.config = cfg
-        self.embedding = Embedding(cfg.tgt_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.embedding = Embedding(cfg.tgt_vocab_size, cfg.num_hiddens, cfg.max_len, cfg.position)
         self.dec_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_dec_layers))
         self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
 
-    def forward(self, tokens, head_mask=None, cache=None, token_mask=None):
+    def forward(self, tokens, head_mask=None, cache=None, token_mask=None, positions=None):  # noqa: PLR0913
         """tokens (B, T) -> logits (B, T, V).
 
         ``cache`` (a ``KVCache(model)``, notebook 11): the tokens continue the positions the cache has seen, only
         they are computed, and their keys and values are appended. ``token_mask`` (B, T) bool, False = padding
         (left padding, for prompts of different lengths): those keys are hidden and positions count real tokens.
+        ``positions`` (T,) or (B, T) in [0, max_len): the tokens' positions, instead of the ones counted so.
         """
         validate_cache.decoder_step(self, tokens, cache, token_mask, self.config.max_len)
+        validate_training.token_positions(positions, tokens, self.config.max_len)
         rows = self._head_mask_rows(head_mask)
         T, start = tokens.shape[1], 0 if cache is None else cache.length
         keep = token_mask if cache is None else cache.extend(T, token_mask, tokens.shape[0], tokens.device)
-        positions = None if keep is None else (keep.cumsum(dim=1)[:, -T:] - 1).clamp(min=0)  # (B, T)
+        if positions is None and keep is not None:
+            positions = (keep.cumsum(dim=1)[:, -T:] - 1).clamp(min=0)  # (B, T): real tokens before, padding 0
         if positions is None and start:
             positions = torch.arange(start, start + T, device=tokens.device)  # (T,)
         X = self.embedding(tokens, positions)  # (B, T, d)
@@ -246,7 +267,7 @@ class TransformerDecoder(TinyTransformer):
             mask = mask & keep[:, None, None, :]  # (B, 1, T, K): padded keys hidden too
         for i, (block, row) in enumerate(zip(self.dec_blocks, rows, strict=True)):
             layer_cache = None if cache is None else cache[f"dec.{i}.self"]
-            X = block(X, mask=mask, self_head_mask=row, self_cache=layer_cache)
+            X = block(X, mask=mask, self_head_mask=row, self_cache=layer_cache, positions=positions)
         return self.head(X)  # (B, T, tgt_vocab)
 
 
@@ -262,8 +283,8 @@ class TransformerEncoderDecoder(TinyTransformer):
         if cfg.kind != "encoder_decoder":
             raise ValueError(f"TransformerEncoderDecoder needs kind='encoder_decoder', got {cfg.kind!r}")
         self.config = cfg
-        self.src_embedding = Embedding(cfg.src_vocab_size, cfg.num_hiddens, cfg.max_len)
-        self.tgt_embedding = Embedding(cfg.tgt_vocab_size, cfg.num_hiddens, cfg.max_len)
+        self.src_embedding = Embedding(cfg.src_vocab_size, cfg.num_hiddens, cfg.max_len, cfg.position)
+        self.tgt_embedding = Embedding(cfg.tgt_vocab_size, cfg.num_hiddens, cfg.max_len, cfg.position)
         self.enc_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_enc_layers))
         self.dec_blocks = nn.ModuleList(Block(cfg, cross=True) for _ in range(cfg.num_dec_layers))
         self.head = nn.Linear(cfg.num_hiddens, cfg.tgt_vocab_size)
@@ -299,6 +320,7 @@ class TransformerEncoderDecoder(TinyTransformer):
                 cross_head_mask=c_row,
                 self_cache=None if cache is None else cache[f"dec.{i}.self"],
                 cross_cache=None if cache is None else cache[f"dec.{i}.cross"],
+                positions=positions,
             )
         if cache is not None:
             cache.extend(T, None, tgt_in.shape[0], tgt_in.device)

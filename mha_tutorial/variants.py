@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import _validate as validate
+from . import _validate_rope as validate_rope
 from .attention import masked_softmax, scaled_dot_product_attention
 from .masks import and_causal, as_4d, combine_masks
 from .mha import MultiHeadAttention
@@ -97,6 +98,7 @@ class SeqFirstMultiHeadAttention(nn.Module):
         validate.plain_heads_only(
             "SeqFirstMultiHeadAttention", parts.num_heads, parts.num_kv_heads, "it mirrors nn.MultiheadAttention"
         )
+        validate_rope.no_rope("SeqFirstMultiHeadAttention", parts.rope_base, "it mirrors nn.MultiheadAttention")
         self.num_hiddens, self.num_heads, self.head_size = parts.num_hiddens, parts.num_heads, parts.head_size
         self.W_q, self.W_k, self.W_v, self.W_o = parts.W_q, parts.W_k, parts.W_v, parts.W_o
         self.attention = parts.attention  # holds the dropout rate
