@@ -240,7 +240,7 @@ def plot_study(study, live=None):
         if live is not None and position in live:
             mine = live[position]
             at_zero = mine[mine.start == 0]
-            left.plot(at_zero.run, at_zero.accuracy, "x", color=f"C{i}", ms=6, label=f"{position}, your run")
+            left.plot(at_zero.run, at_zero.accuracy, "x", color=f"C{i}", ms=6, label=f"{position}, seed 0 scored here")
             moved = mine[mine.run.between(*TRAIN_RUNS)].groupby("start").accuracy.mean()
             right.plot(moved.index, moved.values, "x", color=f"C{i}", ms=8)
     for ax in (left, right):
