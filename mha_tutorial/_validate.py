@@ -227,6 +227,14 @@ def head_numbers(heads, head_ids: list, num_original: int, where: str = "") -> l
     return heads
 
 
+def attention_layer(layer) -> None:
+    """``prune_attention_heads``: an attention module of this package (it keeps ``head_ids`` and ``pruned_heads``)."""
+    if not all(hasattr(layer, a) for a in ("head_ids", "pruned_heads", "W_q", "W_k", "W_v", "W_o", "head_size")):
+        raise TypeError(
+            f"layer must be a MultiHeadAttention (or a variant of it) of this package, got {_type_name(layer)}"
+        )
+
+
 def prune_request(heads, layers: list, num_heads: int) -> dict:
     """``model.prune_heads({layer: [heads]})``: layer numbers or names and every layer's heads, all checked
     before anything changes; returns ``{layer index: [heads]}``."""

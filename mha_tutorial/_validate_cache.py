@@ -7,11 +7,8 @@ before anything is projected or appended.
 
 from __future__ import annotations
 
-import torch
-
-from ._validate_masks import _shape, _type_name
-from ._validate_training import token_ids
-from .kv_cache import KVCache, LayerCache
+from ._validate_masks import _type_name
+from .kv_cache import LayerCache
 
 
 def _fits(module, kv_cache, batch: int, device, dtype) -> None:
@@ -44,43 +41,3 @@ def layer_cache(module, queries, keys, kv_cache) -> int:
         return keys.shape[1]
     _fits(module, kv_cache, queries.shape[0], queries.device, queries.dtype)
     return kv_cache.num_keys_after(keys.shape[1])
-
-
-def decoder_step(model, tokens, cache, token_mask, max_len: int) -> None:
-    """``TransformerDecoder.forward(tokens, cache=..., token_mask=...)``: a cache made for this model and batch,
-    a bool (B, T) token mask, and positions that stay below ``max_len``."""
-    token_ids(tokens, model.config.tgt_vocab_size, max_len)  # first: the checks below read the tokens' shape
-    if cache is not None:
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache(model), got {_type_name(cache)}")
-        names = [name for name, _ in model.attention_layers() if name.startswith("dec.")]
-        if list(cache.layers) != names:
-            raise ValueError(f"this cache was made for layers {list(cache.layers)}, the model has {names}")
-        first = next((c for c in cache.layers.values() if c.filled), None)
-        if first is not None and first.keys.shape[0] != tokens.shape[0]:
-            raise ValueError(
-                f"the cache holds a batch of {first.keys.shape[0]} sequences, the tokens have shape "
-                f"{tuple(tokens.shape)}: make a new KVCache(model) for a new batch"
-            )
-        weight = next(model.parameters())
-        for name, layer in model.attention_layers():  # every layer, before the first one appends anything
-            if name in cache.layers and cache.layers[name].filled:
-                _fits(layer, cache.layers[name], tokens.shape[0], weight.device, weight.dtype)
-    start = 0 if cache is None else cache.length
-    if start + tokens.shape[1] > max_len:
-        raise ValueError(
-            f"{start} cached + {tokens.shape[1]} new positions make a sequence of length {start + tokens.shape[1]}, "
-            f"longer than max_len={max_len} (the positions the model has embeddings for)"
-        )
-    if token_mask is not None:
-        if not isinstance(token_mask, torch.Tensor) or token_mask.dtype != torch.bool:
-            raise TypeError(
-                f"token_mask must be a bool tensor (B, T), True = a real token, got {_type_name(token_mask)}"
-            )
-        if tuple(token_mask.shape) != tuple(tokens.shape):
-            raise ValueError(f"token_mask must have the tokens' shape {tuple(tokens.shape)}, got {_shape(token_mask)}")
-
-
-def use_cache_flag(use_cache) -> None:
-    if not isinstance(use_cache, bool):
-        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")

@@ -2,7 +2,8 @@
 
 The companion of ``_validate`` (which checks the attention code's inputs): each function raises a ``TypeError``
 or ``ValueError`` that names the value it got, and is called by ``maps``, ``head_stats``, ``viz``, ``tasks`` and
-``train`` before they compute anything. Checkpoints are checked in ``_validate_training``.
+``train`` before they compute anything. Checkpoints are checked in ``_validate_training``. It imports none of the
+modules it serves: what it checks against is passed in (``date_format``) or checked by name (``task_batch``).
 """
 
 from __future__ import annotations
@@ -80,11 +81,13 @@ def examples_for(examples, task, what: str) -> list:
     return rows
 
 
-def task_batch(batch) -> None:
-    """A ``Batch`` from ``Task.collate``."""
-    from .tasks import Batch  # here, not at the top: tasks imports the model, which imports this module
+# The fields of ``task_base.Batch``: checked by name, as this module sits below the tasks it serves.
+_BATCH_FIELDS = ("src", "valid_lens", "tgt_in", "tgt_out", "loss_mask", "tgt_valid_lens", "examples")
 
-    if not isinstance(batch, Batch):
+
+def task_batch(batch) -> None:
+    """A ``Batch`` from ``Task.collate``: an object with every field of ``task_base.Batch``."""
+    if isinstance(batch, type) or not all(hasattr(batch, f) for f in _BATCH_FIELDS):
         raise TypeError(f"batch must be a Batch (from Task.collate), got {type(batch).__name__}")
 
 
@@ -106,17 +109,16 @@ def layer_selection(names) -> None:
         raise TypeError(f"layer names are strings such as 'enc.0.self', got {bad}")
 
 
-def date_format(fmt) -> None:
-    """A date template of ``DATE_FORMATS``' kind: a string whose fields are among ``FIELD_OF``."""
+def date_format(fmt, field_of) -> None:
+    """A date template of ``DATE_FORMATS``' kind: a string whose fields are among ``field_of`` (``tasks.FIELD_OF``,
+    passed in: this module sits below the tasks)."""
     import string
-
-    from .tasks import FIELD_OF
 
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a date template such as '{{dd}}.{{mm}}.{{Y}}', got {type(fmt).__name__}")
-    unknown = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None and f not in FIELD_OF]
+    unknown = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None and f not in field_of]
     if unknown:
-        raise ValueError(f"fmt {fmt!r} has unknown fields {unknown}; known: {sorted(FIELD_OF)}")
+        raise ValueError(f"fmt {fmt!r} has unknown fields {unknown}; known: {sorted(field_of)}")
 
 
 def token(value) -> None:

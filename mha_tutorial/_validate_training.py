@@ -1,171 +1,23 @@
-"""Every check of the tiny models', tasks', training's and pruning's arguments, in one place.
+"""Every check of the tasks', training's, checkpoints' and pruning's arguments, in one place.
 
-The companion of ``_validate`` (attention), ``_validate_masks`` and ``_validate_experiments`` (examples, plots,
-statistics, checkpoints) for ``model``, ``task_base``, ``tasks``, ``train`` and ``pruning``: each function raises a
-``TypeError`` or ``ValueError`` that names the value, shape or type it got, and is called before anything is computed.
+The companion of ``_validate`` (attention), ``_validate_masks``, ``_validate_model`` (the tiny models) and
+``_validate_experiments`` (examples, plots, statistics) for ``task_base``, ``tasks``, ``train`` and ``pruning``: each
+function raises a ``TypeError`` or ``ValueError`` that names the value, shape or type it got, and is called before
+anything is computed. It sits below the modules it checks, so the classes it checks against that they define
+(``TrainSettings``, the task names) are passed in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
+import os
 
 import torch
 
-from ._validate_experiments import model_for_task, positive_count  # noqa: F401 (re-exported for pruning and train)
+from ._validate_experiments import model_for_task, positive_count, task_batch  # noqa: F401 (re-exported)
 from ._validate_masks import _type_name
-
-_INTEGER_DTYPES = (torch.int64, torch.int32)  # what ``Embedding`` takes (nn.Embedding's index types)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def non_negative_count(value, name: str) -> None:
-    """An int >= 0 (not a bool)."""
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an int >= 0, got {value!r:.40} ({_type_name(value)})")
-    if value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value}")
-
-
-def _number(value, name: str, low: float, strict: bool) -> None:
-    """A finite real number above ``low`` (or at least ``low`` unless ``strict``)."""
-    bound = f"{'>' if strict else '>='} {low:g}"
-    if not _is_real(value):
-        raise TypeError(f"{name} must be a number {bound}, got {value!r:.40} ({_type_name(value)})")
-    if not (math.isfinite(value) and (value > low if strict else value >= low)):
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-
-
-# ---- model.py ----------------------------------------------------------------------------------------------------
-MODEL_SIZES = (
-    "src_vocab_size",
-    "tgt_vocab_size",
-    "num_hiddens",
-    "num_heads",
-    "ffn_num_hiddens",
-    "num_enc_layers",
-    "num_dec_layers",
-    "max_len",
-)
-
-
-def model_config_fields(config) -> None:
-    """``ModelConfig``'s field types, before its sizes are compared: ints, a dropout rate in [0, 1), a bool bias."""
-    for name in MODEL_SIZES:
-        value = getattr(config, name)
-        if not _is_int(value):
-            raise TypeError(f"ModelConfig.{name} must be an int, got {value!r:.40} ({_type_name(value)})")
-    if not _is_real(config.dropout):
-        raise TypeError(f"ModelConfig.dropout must be a number in [0, 1), got {config.dropout!r:.40}")
-    if not 0.0 <= config.dropout < 1.0:
-        raise ValueError(f"ModelConfig.dropout must lie in [0, 1), got {config.dropout}")
-    if not isinstance(config.bias, bool):
-        raise TypeError(f"ModelConfig.bias must be True or False, got {config.bias!r:.40}")
-
-
-def model_position_sizes(config) -> None:
-    """``ModelConfig.position``, ``rope_base`` and (once the sizes are known good) a head size RoPE can pair up."""
-    position_kind(config.position)
-    if not _is_real(config.rope_base):
-        raise TypeError(f"ModelConfig.rope_base must be a number > 0, got {config.rope_base!r:.40}")
-    if not (math.isfinite(config.rope_base) and config.rope_base > 0):
-        raise ValueError(
-            f"ModelConfig.rope_base must be finite and > 0 (frequencies base^(-2i/d)), got {config.rope_base!r}"
-        )
-    head_size = config.num_hiddens // config.num_heads
-    if config.position == "rope" and head_size % 2:
-        raise ValueError(
-            f"position='rope' rotates q and k in pairs of features, so the head size num_hiddens / num_heads = "
-            f"{config.num_hiddens} / {config.num_heads} = {head_size} must be even"
-        )
-
-
-def position_kind(position) -> None:
-    """How a model encodes positions: one of ``blocks.POSITIONS``."""
-    from .blocks import POSITIONS  # here, not at the top: blocks imports this module
-
-    if not isinstance(position, str) or position not in POSITIONS:
-        raise ValueError(f"position must be one of {POSITIONS}, got {position!r:.40}")
-
-
-def token_positions(positions, tokens, max_len: int) -> None:
-    """``TransformerDecoder.forward(positions=...)``: None or integers (T,) or (B, T) in [0, max_len)."""
-    if positions is None:
-        return
-    if not isinstance(positions, torch.Tensor) or positions.dtype not in _INTEGER_DTYPES:
-        what = f"dtype {positions.dtype}" if isinstance(positions, torch.Tensor) else _type_name(positions)
-        raise TypeError(f"positions must be an integer tensor (T,) or (B, T), got {what}")
-    B, T = tokens.shape
-    if tuple(positions.shape) not in ((T,), (B, T)):
-        raise ValueError(
-            f"positions must have shape ({T},) or ({B}, {T}) for tokens {tuple(tokens.shape)}, got {tuple(positions.shape)}"
-        )
-    if positions.device != tokens.device:
-        raise ValueError(f"positions are on {positions.device}, the tokens on {tokens.device}")
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= max_len):
-        raise ValueError(
-            f"positions must lie in [0, {max_len - 1}] (max_len={max_len}), got values from "
-            f"{int(positions.min())} to {int(positions.max())}"
-        )
-
-
-def model_config(config) -> None:
-    """``build_model(config)``: a ``ModelConfig`` or a dict of its fields."""
-    from .model import ModelConfig  # here, not at the top: the model imports this module
-
-    if not isinstance(config, ModelConfig | dict):
-        raise TypeError(
-            f"build_model takes a ModelConfig (or a dict of its fields, as checkpoints store it), "
-            f"got {_type_name(config)} {config!r:.40}"
-        )
-
-
-def token_ids(ids, vocab_size: int, max_len: int) -> None:
-    """``Embedding``: an integer tensor (batch, steps), at most ``max_len`` steps, ids in [0, vocab_size)."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(
-            f"token ids must be an integer tensor of shape (batch, steps), got {_type_name(ids)}; "
-            "convert them with torch.as_tensor(ids, dtype=torch.long)"
-        )
-    if ids.dim() != 2 or ids.dtype not in _INTEGER_DTYPES:
-        raise ValueError(
-            f"token ids must be an integer tensor of shape (batch, steps), got "
-            f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
-        )
-    if ids.shape[1] > max_len:
-        raise ValueError(f"sequence of length {ids.shape[1]} is longer than max_len={max_len}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(
-            f"token ids must lie in [0, {vocab_size - 1}] (a vocabulary of {vocab_size} tokens), "
-            f"got values from {int(ids.min())} to {int(ids.max())}"
-        )
-
-
-def source_and_target(config, src, tgt_in) -> None:
-    """``TransformerEncoderDecoder.forward``: source and target ids (as ``token_ids``) of one batch size."""
-    token_ids(src, config.src_vocab_size, config.max_len)
-    token_ids(tgt_in, config.tgt_vocab_size, config.max_len)
-    if src.shape[0] != tgt_in.shape[0]:
-        raise ValueError(
-            f"src and tgt_in must have the same batch size, got shapes {tuple(src.shape)} and {tuple(tgt_in.shape)}"
-        )
-
-
-def greedy_args(num_steps, bos_id, vocab_size: int) -> None:
-    """``greedy_decode``: a step count >= 0 and a <bos> id in the target vocabulary (the source: ``token_ids``)."""
-    non_negative_count(num_steps, "num_steps")
-    if not _is_int(bos_id):
-        raise TypeError(f"bos_id must be an int (a token id), got {bos_id!r:.40} ({_type_name(bos_id)})")
-    if not 0 <= bos_id < vocab_size:
-        raise ValueError(f"bos_id must lie in [0, {vocab_size - 1}] (the target vocabulary), got {bos_id}")
+from ._validate_model import _is_int, _is_real, _number, non_negative_count
+from .model import ModelConfig
 
 
 # ---- tasks -------------------------------------------------------------------------------------------------------
@@ -199,8 +51,6 @@ def induction_runs(examples) -> None:
 
 def loss_inputs(model, task, batch) -> None:
     """``Task.loss_and_accuracy``: a model of the task's kind and a ``Batch``."""
-    from ._validate_experiments import task_batch
-
     model_for_task(model, task)
     task_batch(batch)
 
@@ -223,20 +73,18 @@ def device(value) -> None:
         raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', got {_type_name(value)}")
 
 
-def train_args(task, config, settings, overrides: dict, seed, device_name, num_threads) -> None:  # noqa: PLR0913
-    """``train``'s arguments, before a model is built: a config for the task, settings, seed, device, threads."""
-    from .model import ModelConfig
-    from .train import TrainSettings  # here, not at the top: train imports this module
-
+def train_args(task, config, settings, overrides: dict, seed, device_name, num_threads, settings_type) -> None:  # noqa: PLR0913
+    """``train``'s arguments, before a model is built: a config for the task, settings (of ``settings_type``,
+    ``train.TrainSettings``), seed, device, threads."""
     if config is not None and not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig (or None: the task's default), got {_type_name(config)}")
     if config is not None and config.kind != task.model_kind:
         raise ValueError(
             f"task {task.name!r} runs a model of kind {task.model_kind!r}, got a config of kind {config.kind!r}"
         )
-    if settings is not None and not isinstance(settings, TrainSettings):
+    if settings is not None and not isinstance(settings, settings_type):
         raise TypeError(f"settings must be a TrainSettings (or None), got {_type_name(settings)}")
-    known = [f.name for f in dataclasses.fields(TrainSettings)]
+    known = [f.name for f in dataclasses.fields(settings_type)]
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise TypeError(f"unknown training settings {unknown}; known: {known}")
@@ -250,18 +98,12 @@ def train_args(task, config, settings, overrides: dict, seed, device_name, num_t
 # ---- checkpoints ------------------------------------------------------------------------------------
 def checkpoint_path(path) -> None:
     """A path to a checkpoint file: a str or a ``pathlib.Path``."""
-    import os
-
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"path must be a str or pathlib.Path to a .pt file, got {type(path).__name__} {path!r:.40}")
 
 
 def checkpoint_config(config, path) -> None:
     """Field ``config``: a dict of ``ModelConfig`` fields (no unknown ones, the required ones present), typed."""
-    import dataclasses
-
-    from .model import ModelConfig  # here, not at the top: the model imports this module
-
     if not isinstance(config, dict):
         raise ValueError(f"{path}: field 'config' must be a dict of ModelConfig fields, got {type(config).__name__}")
     fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
@@ -294,13 +136,14 @@ def checkpoint_state(state, path) -> None:
             raise ValueError(f"{path}: state_dict[{name!r}] contains NaN or inf")
 
 
-def checkpoint_fields(checkpoint: dict, path) -> None:
-    """A checkpoint's fields once its keys and format are known: task, config, state_dict, metrics (and train)."""
-    from .tasks import TASKS  # here, not at the top: tasks imports the model, which imports this module
-
+def checkpoint_fields(checkpoint: dict, path, task_names) -> None:
+    """A checkpoint's fields once its keys and format are known: task (one of ``task_names``, ``tasks.TASKS``),
+    config, state_dict, metrics (and train)."""
     task = checkpoint["task"]
-    if not isinstance(task, str) or task not in TASKS:
-        raise ValueError(f"{path}: field 'task' must name a task of this package ({', '.join(TASKS)}), got {task!r}")
+    if not isinstance(task, str) or task not in task_names:
+        raise ValueError(
+            f"{path}: field 'task' must name a task of this package ({', '.join(task_names)}), got {task!r}"
+        )
     checkpoint_config(checkpoint["config"], path)
     checkpoint_state(checkpoint["state_dict"], path)
     metrics = checkpoint["metrics"]
@@ -370,11 +213,3 @@ def curve(values, counts, minimum: int = 0) -> None:
         raise ValueError(f"counts must give one x per value: {len(counts)} counts for {len(values)} values")
     if counts is not None and len(counts) >= 2 and not bool((torch.as_tensor(counts).diff() > 0).all()):
         raise ValueError(f"counts must be strictly increasing, got {list(counts)[:8]}")
-
-
-def attention_layer(layer) -> None:
-    """``prune_attention_heads``: an attention module of this package (it keeps ``head_ids`` and ``pruned_heads``)."""
-    if not all(hasattr(layer, a) for a in ("head_ids", "pruned_heads", "W_q", "W_k", "W_v", "W_o", "head_size")):
-        raise TypeError(
-            f"layer must be a MultiHeadAttention (or a variant of it) of this package, got {_type_name(layer)}"
-        )

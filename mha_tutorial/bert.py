@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import _validate_pretrained as validate
+from . import _validate_bert as validate
 from .mha import AddNorm, MultiHeadAttention
 from .model import TinyTransformer
 

@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from . import _validate_training as validate_training
+from . import _validate_model as validate_model
+from ._validate_model import POSITIONS
 from .mha import AddNorm, MultiHeadAttention
 
 if TYPE_CHECKING:
     from .model import ModelConfig
 
 __all__ = ["POSITIONS", "Block", "Embedding", "PositionWiseFFN", "sinusoidal_table"]
-
-POSITIONS = ("learned", "sinusoidal", "rope")
 
 
 class PositionWiseFFN(nn.Module):
@@ -58,7 +57,7 @@ class Embedding(nn.Module):
 
     def __init__(self, vocab_size: int, num_hiddens: int, max_len: int, position: str = "learned"):
         super().__init__()
-        validate_training.position_kind(position)
+        validate_model.position_kind(position)
         self.max_len, self.kind = max_len, position
         self.token = nn.Embedding(vocab_size, num_hiddens)
         self.position = nn.Embedding(max_len, num_hiddens) if position == "learned" else None
@@ -68,7 +67,7 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``positions`` (B, T) or (T,) default to 0..T-1; a decoder continuing a KV cache passes its own."""
-        validate_training.token_ids(ids, self.token.num_embeddings, self.max_len)
+        validate_model.token_ids(ids, self.token.num_embeddings, self.max_len)
         if self.kind == "rope":  # the positions act inside attention instead
             return self.token(ids)  # (B, T, d)
         if positions is None:

@@ -20,7 +20,7 @@ import torch
 
 from . import _validate_experiments as validate
 from .masks import causal_mask
-from .tasks import PAD, get_task, render_date
+from .tasks import FIELD_OF, PAD, get_task, render_date
 from .viz import _head_grid, _is_label_list, _per_layer, plot_head_grid
 
 __all__ = [
@@ -323,7 +323,7 @@ def _grow(x: torch.Tensor, Q: int, K: int) -> torch.Tensor:
 
 def date_field_labels(fmt: str) -> list[str]:
     """One label per source character of a fixed-width date format, naming its field (``dd.mm.YYYY``)."""
-    validate.date_format(fmt)
+    validate.date_format(fmt, FIELD_OF)
     text, spans = render_date(datetime.date(2000, 10, 20), fmt)  # a date whose fields have their longest widths
     letters = {"year": "Y", "month": "m", "day": "d", "weekday": "w"}
     labels = list(text)

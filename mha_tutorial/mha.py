@@ -18,9 +18,14 @@ multi-query attention (Shazeer 2019). A KV cache then stores H_kv heads instead 
 Rotary positions (``rope_base``, Su et al. 2021; ``rope.py``): in self-attention, each head's q and k are rotated
 by their positions right after the projections, so a score depends only on how far apart query and key are. v is
 never rotated, and the cache stores keys already rotated: a later step rotates only its own new ones.
+
+Removing heads for good (notebook 07): ``prune_attention_heads`` drops a layer's heads from its four projections; it
+lives here, with the layer it prunes (``pruning``, which measures which heads to remove, re-exports it).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -235,12 +240,50 @@ class MultiHeadAttention(nn.Module):
         return output
 
     def prune_heads(self, heads) -> None:
-        """Remove heads for good (notebook 07): see ``mha_tutorial.pruning.prune_attention_heads``."""
-        from .pruning import prune_attention_heads  # pruning builds on the whole model: import it only when used
-
+        """Remove heads for good (notebook 07): see ``prune_attention_heads``."""
         why = "removing a query head cannot remove rows of W_k and W_v that other query heads still read"
         validate.plain_heads_only("prune_heads", self.num_heads, self.num_kv_heads, why)
         prune_attention_heads(self, heads)
+
+
+@torch.no_grad()
+def prune_attention_heads(layer, heads) -> None:
+    """Remove heads from a ``MultiHeadAttention`` for good: their rows of ``W_q``, ``W_k``, ``W_v``
+    and their columns of ``W_o``.
+
+    ``heads`` are the heads' original numbers (0 .. num_heads-1 at construction), so pruning in
+    several steps needs no renumbering; ``layer.head_ids`` lists the heads still present. The output
+    bias stays: pruning every head leaves a layer that returns only that bias. A pruned layer computes
+    exactly what the unpruned one does with those heads' ``head_mask`` entries set to 0.
+    """
+    validate.attention_layer(layer)
+    validate.plain_heads_only(
+        "prune_attention_heads", layer.num_heads, getattr(layer, "num_kv_heads", None), "a K/V head is shared"
+    )
+    original = len(layer.head_ids) + len(layer.pruned_heads)
+    heads = validate.head_numbers(heads, layer.head_ids, original)
+    d = layer.head_size
+    keep = [i for i, h in enumerate(layer.head_ids) if h not in heads]  # current positions to keep
+    rows = [torch.arange(i * d, (i + 1) * d) for i in keep]  # head i owns features i*d .. (i+1)*d
+    rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+    rows = rows.to(layer.W_q.weight.device)
+    layer.W_q, layer.W_k, layer.W_v = (_select(w, rows, dim=0) for w in (layer.W_q, layer.W_k, layer.W_v))
+    layer.W_o = _select(layer.W_o, rows, dim=1)
+    layer.pruned_heads = sorted([*layer.pruned_heads, *heads])
+    layer.head_ids = [layer.head_ids[i] for i in keep]
+    layer.num_heads = len(keep)
+
+
+def _select(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    """A new Linear keeping only the output rows (dim=0) or input columns (dim=1) in ``index``."""
+    weight = linear.weight.index_select(dim, index)  # (out', in) or (out, in')
+    with warnings.catch_warnings():  # a zero-width layer (every head pruned) has nothing to initialise
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(*weight.shape[::-1], bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if linear.bias is not None:
+        new.bias.copy_(linear.bias.index_select(0, index) if dim == 0 else linear.bias)
+    return new
 
 
 class AddNorm(nn.Module):

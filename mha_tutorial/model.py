@@ -36,8 +36,7 @@ import torch
 from torch import nn
 
 from . import _validate as validate
-from . import _validate_cache as validate_cache
-from . import _validate_training as validate_training
+from . import _validate_model as validate_model
 from .blocks import Block, Embedding, PositionWiseFFN  # noqa: F401 (re-exported: notebook 05 imports them from here)
 from .kv_cache import KVCache
 from .masks import causal_mask
@@ -98,7 +97,7 @@ class ModelConfig:
     num_kv_heads: int | None = None
 
     def __post_init__(self):
-        validate_training.model_config_fields(self)
+        validate_model.model_config_fields(self)
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         counts = ("src_vocab_size", "num_enc_layers", "num_dec_layers", "ffn_num_hiddens")
@@ -124,7 +123,7 @@ class ModelConfig:
         if self.ffn_num_hiddens < 0:
             raise ValueError(f"ffn_num_hiddens must be >= 0 (0 = no MLP), got {self.ffn_num_hiddens}")
         validate.kv_heads(self.num_kv_heads, self.num_heads)
-        validate_training.model_position_sizes(self)
+        validate_model.model_position_sizes(self)
 
     def to_dict(self) -> dict:
         """The fields as a plain dict; the later fields (``LATER_FIELDS``) only where they differ from their
@@ -252,8 +251,8 @@ class TransformerDecoder(TinyTransformer):
         (left padding, for prompts of different lengths): those keys are hidden and positions count real tokens.
         ``positions`` (T,) or (B, T) in [0, max_len): the tokens' positions, instead of the ones counted so.
         """
-        validate_cache.decoder_step(self, tokens, cache, token_mask, self.config.max_len)
-        validate_training.token_positions(positions, tokens, self.config.max_len)
+        validate_model.decoder_step(self, tokens, cache, token_mask, self.config.max_len)
+        validate_model.token_positions(positions, tokens, self.config.max_len)
         rows = self._head_mask_rows(head_mask)
         T, start = tokens.shape[1], 0 if cache is None else cache.length
         keep = token_mask if cache is None else cache.extend(T, token_mask, tokens.shape[0], tokens.device)
@@ -303,7 +302,7 @@ class TransformerEncoderDecoder(TinyTransformer):
 
     def decode(self, tgt_in, memory, src_valid_lens=None, self_rows=None, cross_rows=None, cache=None):
         """tgt_in (B, T), memory (B, S, d) -> logits (B, T, tgt_vocab); with a ``KVCache``, T continues it."""
-        validate_cache.decoder_step(self, tgt_in, cache, None, self.config.max_len)
+        validate_model.decoder_step(self, tgt_in, cache, None, self.config.max_len)
         n = len(self.dec_blocks)
         self_rows, cross_rows = self_rows or [None] * n, cross_rows or [None] * n
         T, start = tgt_in.shape[1], 0 if cache is None else cache.length
@@ -327,7 +326,7 @@ class TransformerEncoderDecoder(TinyTransformer):
         return self.head(X)
 
     def forward(self, src, tgt_in, src_valid_lens=None, head_mask=None):
-        validate_training.source_and_target(self.config, src, tgt_in)  # both, before the encoder computes
+        validate_model.source_and_target(self.config, src, tgt_in)  # both, before the encoder computes
         enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
         memory = self.encode(src, src_valid_lens, enc_rows)
         return self.decode(tgt_in, memory, src_valid_lens, self_rows, cross_rows)
@@ -342,8 +341,8 @@ class TransformerEncoderDecoder(TinyTransformer):
         holds the final step's weights with Q = num_steps queries. ``use_cache=True`` (notebook 11) runs only the
         newest token through a ``KVCache``: the same ids, and weights with Q = 1.
         """
-        validate_training.greedy_args(num_steps, bos_id, self.config.tgt_vocab_size)
-        validate_cache.use_cache_flag(use_cache)
+        validate_model.greedy_args(num_steps, bos_id, self.config.tgt_vocab_size)
+        validate_model.use_cache_flag(use_cache)
         enc_rows, self_rows, cross_rows = self._split_rows(head_mask)
         memory = self.encode(src, src_valid_lens, enc_rows)  # (B, S, d)
         cache = KVCache(self) if use_cache else None
@@ -364,7 +363,7 @@ MODEL_CLASSES = {
 
 def build_model(config: ModelConfig | dict) -> TinyTransformer:
     """A freshly initialised model of the configured kind."""
-    validate_training.model_config(config)
+    validate_model.model_config(config, ModelConfig)
     if isinstance(config, dict):
         config = ModelConfig.from_dict(config)
     return MODEL_CLASSES[config.kind](config)

@@ -20,7 +20,8 @@ Every measurement here goes through ``head_mask`` (num_attention_layers, num_hea
   layers alone, for reading a pruning speed-up against Amdahl's law.
 * ``prune_attention_heads``: physical pruning of one layer (what ``MultiHeadAttention.prune_heads``
   calls; the models' ``prune_heads({layer: [heads]})`` calls it for each layer); a pruned model
-  computes what the masked one does, with smaller matrices.
+  computes what the masked one does, with smaller matrices. It lives in ``mha`` (the core needs it
+  and must not import this module) and is re-exported here.
 """
 
 from __future__ import annotations
@@ -29,17 +30,16 @@ import math
 import random
 import time
 import timeit
-import warnings
 from copy import deepcopy
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 from torch.utils import benchmark
 
 from . import _validate as validate
 from . import _validate_experiments as validate_experiments
 from . import _validate_training as validate_training
+from .mha import prune_attention_heads  # noqa: F401 (re-exported: lives in the core, with the layer it prunes)
 from .tasks import get_task
 from .train import evaluate
 
@@ -287,46 +287,6 @@ def pruned_copy(model, heads: dict):
     copy = deepcopy(model)
     copy.prune_heads(heads)
     return copy
-
-
-@torch.no_grad()
-def prune_attention_heads(layer, heads) -> None:
-    """Remove heads from a ``MultiHeadAttention`` for good: their rows of ``W_q``, ``W_k``, ``W_v``
-    and their columns of ``W_o``.
-
-    ``heads`` are the heads' original numbers (0 .. num_heads-1 at construction), so pruning in
-    several steps needs no renumbering; ``layer.head_ids`` lists the heads still present. The output
-    bias stays: pruning every head leaves a layer that returns only that bias. A pruned layer computes
-    exactly what the unpruned one does with those heads' ``head_mask`` entries set to 0.
-    """
-    validate_training.attention_layer(layer)
-    validate.plain_heads_only(
-        "prune_attention_heads", layer.num_heads, getattr(layer, "num_kv_heads", None), "a K/V head is shared"
-    )
-    original = len(layer.head_ids) + len(layer.pruned_heads)
-    heads = validate.head_numbers(heads, layer.head_ids, original)
-    d = layer.head_size
-    keep = [i for i, h in enumerate(layer.head_ids) if h not in heads]  # current positions to keep
-    rows = [torch.arange(i * d, (i + 1) * d) for i in keep]  # head i owns features i*d .. (i+1)*d
-    rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
-    rows = rows.to(layer.W_q.weight.device)
-    layer.W_q, layer.W_k, layer.W_v = (_select(w, rows, dim=0) for w in (layer.W_q, layer.W_k, layer.W_v))
-    layer.W_o = _select(layer.W_o, rows, dim=1)
-    layer.pruned_heads = sorted([*layer.pruned_heads, *heads])
-    layer.head_ids = [layer.head_ids[i] for i in keep]
-    layer.num_heads = len(keep)
-
-
-def _select(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    """A new Linear keeping only the output rows (dim=0) or input columns (dim=1) in ``index``."""
-    weight = linear.weight.index_select(dim, index)  # (out', in) or (out, in')
-    with warnings.catch_warnings():  # a zero-width layer (every head pruned) has nothing to initialise
-        warnings.simplefilter("ignore", UserWarning)
-        new = nn.Linear(*weight.shape[::-1], bias=linear.bias is not None, device=weight.device, dtype=weight.dtype)
-    new.weight.copy_(weight)
-    if linear.bias is not None:
-        new.bias.copy_(linear.bias.index_select(0, index) if dim == 0 else linear.bias)
-    return new
 
 
 def count_parameters(module) -> int:

@@ -26,7 +26,7 @@ from . import _validate_experiments as validate
 from . import _validate_training as validate_training
 from .device import get_device
 from .model import ModelConfig, TinyTransformer, build_model
-from .tasks import DATA_DIR, get_task
+from .tasks import DATA_DIR, TASKS, get_task
 
 __all__ = [
     "DEFAULT_SETTINGS",
@@ -192,7 +192,7 @@ def train(
     the evaluations), "settings": the TrainSettings as a dict, "seed", "device"}.
     """
     task = get_task(task_name)
-    validate_training.train_args(task, config, settings, overrides, seed, device, num_threads)
+    validate_training.train_args(task, config, settings, overrides, seed, device, num_threads, TrainSettings)
     config = config or task.default_config()
     settings = settings or DEFAULT_SETTINGS[task_name]
     if steps is not None:
@@ -282,7 +282,7 @@ def read_checkpoint(path) -> dict:
             f"{path} has checkpoint format {checkpoint['format']!r}; this version of the package reads format "
             f"{CHECKPOINT_FORMAT}: retrain it with python -m mha_tutorial.train (mha_tutorial/data/README.md has the commands)"
         )
-    validate_training.checkpoint_fields(checkpoint, path)
+    validate_training.checkpoint_fields(checkpoint, path, TASKS)
     return checkpoint
 
 

@@ -18,7 +18,7 @@ from . import _validate as validate
 from . import _validate_rope as validate_rope
 from .attention import masked_softmax, scaled_dot_product_attention
 from .masks import and_causal, as_4d, combine_masks
-from .mha import MultiHeadAttention
+from .mha import MultiHeadAttention, prune_attention_heads
 
 
 class HeadLoopMultiHeadAttention(MultiHeadAttention):
@@ -124,6 +124,4 @@ class SeqFirstMultiHeadAttention(nn.Module):
     def prune_heads(self, heads) -> None:
         """Remove heads for good, as ``MultiHeadAttention.prune_heads`` does: the same original numbering
         (``head_ids``, ``pruned_heads``), the same smaller weights, the same outputs."""
-        from .pruning import prune_attention_heads  # pruning builds on the whole model: import it only when used
-
         prune_attention_heads(self, heads)

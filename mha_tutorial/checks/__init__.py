@@ -38,7 +38,7 @@ from .nb08 import check_fixed_attention, check_smoke_predictions
 from .nb09 import check_ablation_change, check_accuracy_at_1, check_sep_share
 from .nb10 import check_merge_states, check_tile_gradients
 from .nb11 import check_cache_size, check_cached_forward, check_chunk_step
-from .nb12 import check_rope_half, check_rotary_step
+from .nb12 import check_half_layout_weights, check_rope_half, check_rotary_step
 
 __all__ = [
     "CheckFailed",
@@ -88,4 +88,5 @@ __all__ = [
     "check_chunk_step",
     "check_rope_half",
     "check_rotary_step",
+    "check_half_layout_weights",
 ]

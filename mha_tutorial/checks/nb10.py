@@ -105,14 +105,8 @@ def check_merge_states(fn) -> None:
             ("ℓ is relative to 0, not to the maximum: a / ℓ comes out right here, but e^score overflows for large "
              "scores; keep ℓ and a relative to m", torch.exp(scores).sum(-1)),
         ]  # fmt: skip
-        diagnose(
-            ell.double(),
-            expected_ell,
-            ell_mistakes,
-            f"{case} (ℓ, relative to the merged maximum m)",
-            atol=1e-9,
-            rtol=1e-9,
-        )
+        what = f"{case} (ℓ, relative to the merged maximum m)"
+        diagnose(ell.double(), expected_ell, ell_mistakes, what, atol=1e-9, rtol=1e-9)
     passed("check_merge_states", len(cases))
 
 

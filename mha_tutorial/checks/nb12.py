@@ -11,6 +11,11 @@ the cached keys rotated again at every step). The reference is the package's ``M
 over the whole sequence with ``is_causal=True``, fed to the learner's step in chunks; the package's forward pass and
 its cache are refused. Each bug, the new keys appended unrotated, the values rotated, a top-left mask, and a cache
 returned with the wrong shape or unrotated keys are named.
+
+Exercise 3: move W_q and W_k of a layer trained with interleaved RoPE to the package's half layout, by permuting
+the rows of each head. The reference is attention with interleaved rotations over the original weights; a
+permutation across heads, the inverse permutation, an unpermuted bias, permuted columns and unchanged weights are
+named.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from .. import kv_cache, rope
 from ..mha import MultiHeadAttention
 from ._common import CheckFailed, call, diagnose, expect_close, expect_shape, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_rope_half", "check_rotary_step"]
+__all__ = ["check_half_layout_weights", "check_rope_half", "check_rotary_step"]
 
 _DT = torch.float64
 _SHUFFLED = [3, 0, 11, 5, 2, 9, 4]  # positions need not be 0..T-1 (a cache's offset, a packed batch)
@@ -255,3 +260,76 @@ def check_rotary_step(fn) -> None:
         rotated = ("v_cache holds rotated values: v is never rotated", rope.apply_rope(values, torch.arange(10), base))
         diagnose(v_cache.double(), values, [rotated], f"{case} (the returned v_cache, against W_v(x))", 1e-8, 1e-7)
     passed("check_rotary_step", len(cases))
+
+
+# =====================================================================================================
+# Exercise 3: a checkpoint trained with interleaved RoPE, in the package's half-layout layer
+# =====================================================================================================
+def _interleaved_attention(weights, x, H):
+    """Causal attention with interleaved rotations: ``weights`` {name: (weight, bias)} of W_q, W_k, W_v, W_o."""
+    (Wq, bq), (Wk, bk), (Wv, bv), (Wo, bo) = (weights[n] for n in ("W_q", "W_k", "W_v", "W_o"))
+    d, T = Wq.shape[0] // H, x.shape[1]
+    q, k, v = (_heads(F.linear(x, W, b), H, d) for W, b in ((Wq, bq), (Wk, bk), (Wv, bv)))  # (B, H, T, d)
+    pos = torch.arange(T)
+    q, k = (_turn_pairs(t, _angles(pos, d, 10000.0), "interleaved") for t in (q, k))  # the checkpoint's layout
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf)
+    return F.linear((scores.softmax(-1) @ v).transpose(1, 2).flatten(2), Wo, bo)  # (B, T, D)
+
+
+def _half_layer_output(weights, converted, x, H):
+    """The package's half-layout layer with W_q, W_k from ``converted`` and W_v, W_o as they are -> (B, T, D)."""
+    layer = MultiHeadAttention(x.shape[-1], H, bias=True, rope_base=10000.0).to(_DT).eval()
+    for name in ("W_q", "W_k", "W_v", "W_o"):
+        weight, bias = converted.get(name, weights[name])
+        getattr(layer, name).weight.copy_(weight)
+        getattr(layer, name).bias.copy_(bias)
+    return layer(x, x, x, is_causal=True)  # (B, T, D)
+
+
+def _layout_mistakes(weights, x, H):
+    d = weights["W_q"][0].shape[0] // H
+    P = rope.interleaved_to_half(d)
+    per_head = torch.cat([h * d + P for h in range(H)])  # (H*d,): P inside every head
+    across = rope.interleaved_to_half(H * d)
+    slips = [
+        ("the weights came back unchanged: the package pairs feature i with i + d/2 in every head, so each head's "
+         "rows of W_q and W_k must be reordered by P = interleaved_to_half(d)", lambda W, b: (W, b)),
+        ("you reordered all H*d rows with interleaved_to_half(H*d), mixing the heads: apply P = "
+         "interleaved_to_half(d) inside each head's block of d rows", lambda W, b: (W[across], b[across])),
+        ("you applied the inverse permutation (P.argsort()): the half layer must see x[..., P], the interleaved "
+         "features reordered by P itself", lambda W, b: (W[per_head.argsort()], b[per_head.argsort()])),
+        ("the bias kept its old order: W x + b is reordered as a whole, so permute the bias like the rows",
+         lambda W, b: (W[per_head], b)),
+        ("you permuted the columns (the input features): the rotation acts on the outputs of W_q and W_k, i.e. on "
+         "their rows", lambda W, b: (W[:, per_head], b)),
+    ]  # fmt: skip
+    for why, slip in slips:
+        converted = {n: slip(*weights[n]) for n in ("W_q", "W_k")}
+        yield why, _half_layer_output(weights, converted, x, H)
+
+
+@friendly
+@torch.no_grad()
+def check_half_layout_weights(fn) -> None:
+    """``fn(weight, bias, num_heads)`` -> (weight, bias): W_q's or W_k's rows reordered for the half layout."""
+    g = torch.Generator().manual_seed(123)
+    cases = [("D = 32, H = 4 heads of d = 8", 32, 4), ("D = 24, H = 2 heads of d = 12", 24, 2)]
+    for case, D, H in cases:
+        weights = {n: (torch.randn(D, D, generator=g, dtype=_DT) / math.sqrt(D), torch.randn(D, generator=g,
+                   dtype=_DT)) for n in ("W_q", "W_k", "W_v", "W_o")}  # fmt: skip
+        x = torch.randn(2, 7, D, generator=g, dtype=_DT)  # (B, T, D)
+        converted = {}
+        for name in ("W_q", "W_k"):
+            W, b = (t.clone() for t in weights[name])
+            got = call(fn, W, b, H, case=f"{case}, {name}")
+            if not (isinstance(got, tuple | list) and len(got) == 2):
+                raise CheckFailed(f"{case}, {name}: return two tensors, (weight, bias); got {type(got).__name__}")
+            if not (torch.equal(W, weights[name][0]) and torch.equal(b, weights[name][1])):
+                raise CheckFailed(f"{case}, {name}: your function changed its inputs in place; return new tensors")
+            expect_shape(expect_tensor(got[0], case), (D, D), f"{case}, {name} weight")
+            expect_shape(expect_tensor(got[1], case), (D,), f"{case}, {name} bias")
+            converted[name] = (got[0].to(_DT), got[1].to(_DT))
+        out = _half_layer_output(weights, converted, x, H)
+        expected = _interleaved_attention(weights, x, H)
+        diagnose(out, expected, _layout_mistakes(weights, x, H), f"{case} (the half layer's output)", 1e-9, 1e-8)
+    passed("check_half_layout_weights", len(cases))

@@ -250,7 +250,77 @@ def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, 
 
     checks.check_rope_half(stub)
     checks.check_rotary_step(stub)
-    assert capsys.readouterr().out.count("not attempted yet") == 2
+    checks.check_half_layout_weights(stub)
+    assert capsys.readouterr().out.count("not attempted yet") == 3
     monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
     fails_with(checks.check_rope_half, stub, "not attempted")
     fails_with(checks.check_rotary_step, stub, "not attempted")
+    fails_with(checks.check_half_layout_weights, stub, "not attempted")
+
+
+# ---------------------------------------------------------------- Exercise 3: interleaved weights, half layer
+def per_head_rows(H, d):
+    return torch.cat([h * d + mt.interleaved_to_half(d) for h in range(H)])  # (H*d,)
+
+
+def layout_vectorised(weight, bias, num_heads):
+    rows = per_head_rows(num_heads, weight.shape[0] // num_heads)
+    return weight[rows], bias[rows]
+
+
+def layout_loop(weight, bias, num_heads):
+    d = weight.shape[0] // num_heads
+    P = mt.interleaved_to_half(d)
+    weight, bias = weight.clone(), bias.clone()
+    for h in range(num_heads):
+        block = slice(h * d, (h + 1) * d)
+        weight[block], bias[block] = weight[block][P], bias[block][P]
+    return weight, bias
+
+
+@pytest.mark.parametrize("fn", [layout_loop, layout_vectorised], ids=["loop", "vectorised"])
+def test_half_layout_right_answers_pass(fn, capsys):
+    checks.check_half_layout_weights(fn)
+    assert "passed on 2 cases" in capsys.readouterr().out
+
+
+def across_heads(weight, bias, num_heads):
+    P = mt.interleaved_to_half(weight.shape[0])
+    return weight[P], bias[P]
+
+
+def inverse(weight, bias, num_heads):
+    rows = per_head_rows(num_heads, weight.shape[0] // num_heads).argsort()
+    return weight[rows], bias[rows]
+
+
+def bias_kept(weight, bias, num_heads):
+    return layout_vectorised(weight, bias, num_heads)[0], bias
+
+
+def columns(weight, bias, num_heads):
+    return weight[:, per_head_rows(num_heads, weight.shape[0] // num_heads)], bias
+
+
+def in_place(weight, bias, num_heads):
+    new = layout_vectorised(weight, bias, num_heads)
+    weight.copy_(new[0])
+    return new
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda w, b, h: (w, b), "came back unchanged"),
+        (across_heads, "mixing the heads"),
+        (inverse, "inverse permutation"),
+        (bias_kept, "the bias kept its old order"),
+        (columns, "permuted the columns"),
+        (in_place, "in place"),
+        (lambda w, b, h: layout_vectorised(w, b, h)[0], "return two tensors"),
+        (lambda w, b, h: (w[:-1], b), "weight"),
+    ],
+    ids=["unchanged", "across heads", "inverse", "bias kept", "columns", "in place", "one tensor", "shape"],
+)
+def test_half_layout_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_half_layout_weights, fn, fragment)
