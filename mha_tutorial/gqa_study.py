@@ -65,6 +65,14 @@ def uptrain_settings(task: str) -> TrainSettings:
     return replace(DEFAULT_SETTINGS[task], steps=steps, lr=UPTRAIN_LR, warmup=max(1, steps // 10), eval_every=0)
 
 
+def uptrain(model, task: str, seed: int = 0, settings: TrainSettings | None = None):
+    """Continue training ``model`` on ``task`` in place (default: ``uptrain_settings(task)``); ``seed`` sets the
+    stream of batches. Returns the model in eval mode."""
+    settings = settings or uptrain_settings(task)
+    _optimise(model, get_task(task), settings, torch.Generator().manual_seed(seed), progress=False)
+    return model.eval()
+
+
 def kv_bytes_per_token(config) -> int:
     """Bytes the decoder's KV cache grows by per generated token of one sequence (float32): its self-attention
     layers only (cross-attention's cache is the encoder's memory, stored once)."""
@@ -181,8 +189,7 @@ def run_study(tasks=TASKS, kv_heads=KV_HEADS, inits=INITS, seeds=SEEDS, settings
                 if init == "random" or (num_kv_heads, init) not in scored:
                     scored[num_kv_heads, init] = _score(model, task, "converted", **key)
                 rows.append({**scored[num_kv_heads, init], "seed": seed})
-                run = (settings or {}).get(task) or uptrain_settings(task)
-                _optimise(model, get_task(task), run, torch.Generator().manual_seed(seed), progress=False)
+                uptrain(model, task, seed, (settings or {}).get(task))
                 rows.append(_score(model.eval(), task, "uptrained", **key))
                 if progress:
                     print(f"{task:>9} H_kv={num_kv_heads} {init:>6} seed {seed}: "
