@@ -61,9 +61,9 @@ nbgrader: install
 test: lint
 	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j3 --output-sync=target unit nbval-first nbval-last
 
-# The two halves of `make nbval` for `make test`, of about equal running time: 01-06 with every companion of
-# solutions (they are fast), then 07 on (07 and 09 take the longest).
-LATE := $(filter notebooks/07% notebooks/08% notebooks/09% notebooks/1%,$(NOTEBOOKS))
+# The two halves of `make nbval` for `make test`, of about equal running time: 01-06, 12 on and every companion of
+# solutions (they are fast), then 07-11 (07 and 09 take the longest).
+LATE := $(filter notebooks/07% notebooks/08% notebooks/09% notebooks/10% notebooks/11%,$(NOTEBOOKS))
 nbval-first: install
 	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(filter-out $(LATE),$(NOTEBOOKS))"
 nbval-last: install

@@ -1,0 +1,296 @@
+"""Checks for the exercises of notebook 13 (grouped-query attention).
+
+Exercise 1: pool a trained layer's W_k (or W_v) by hand for grouped-query attention: each group of G = H / H_kv
+consecutive heads becomes the mean of its heads' rows (Ainslie et al. 2023). The reference is a loop over the groups
+and their heads written here; the package's ``gqa.mha_to_gqa`` and ``gqa._grouped_rows`` are refused. Interleaved
+groups (h % H_kv), the sum, the group's first head, the mean of all heads, neighbouring rows averaged, a head's d
+rows averaged, the pooled heads expanded back to H, an unpooled bias and inputs changed in place are named.
+
+Exercise 2: how much mean pooling throws away: per group, the mean over its heads of ||W_h - M_j||_F / ||W_h||_F.
+The reference is plain loops (the Frobenius norm too); ``gqa._grouped_rows`` is refused so that the learner forms
+the group means. Interleaved groups, no normalisation, normalising by ||M_j||, the max over a group, the mean of all
+heads as the centre, squared ratios and one number per head are named.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import gqa
+from ._common import CheckFailed, call, diagnose, expect_close, expect_tensor, friendly, passed, refusing
+
+__all__ = ["check_group_spread", "check_pool_kv_heads"]
+
+_DT = torch.float64
+_TOL = dict(atol=1e-12, rtol=1e-10)
+_GROUPS = (
+    "query head h reads K/V head h // G, so group j is the G consecutive heads jG .. (j+1)G - 1 "
+    "(the grouping of repeat_interleave)"
+)
+
+
+def _blocks(x, H):
+    """Head h's block of d rows of x (H*d, ...), for h = 0 .. H-1: a list of H tensors (d, ...)."""
+    d = x.shape[0] // H
+    return [x[h * d : (h + 1) * d] for h in range(H)]
+
+
+def _groups(H, H_kv, interleaved=False):
+    """The heads of each group: [[0 .. G-1], [G .. 2G-1], ...]; interleaved: [[0, H_kv, 2 H_kv, ...], [1, ...], ...]."""
+    G = H // H_kv
+    if interleaved:
+        return [[j + H_kv * g for g in range(G)] for j in range(H_kv)]
+    return [[j * G + g for g in range(G)] for j in range(H_kv)]
+
+
+# =====================================================================================================
+# Exercise 1: pool the K/V heads
+# =====================================================================================================
+def _pool(x, H, H_kv, *, interleaved=False, how="mean"):
+    """x (H*d, ...) -> (H_kv*d, ...): group j's block is the mean (or "sum", or "first") of its heads' blocks."""
+    blocks = _blocks(x, H)
+    pooled = []
+    for heads in _groups(H, H_kv, interleaved):
+        total = torch.zeros_like(blocks[0])  # (d, ...)
+        for h in heads:
+            total = total + blocks[h]
+        pooled.append({"mean": total / len(heads), "sum": total, "first": blocks[heads[0]]}[how])
+    return torch.cat(pooled)  # (H_kv*d, ...)
+
+
+def _pool_mistakes(x, H, H_kv, what):
+    """(what is wrong, what it computes) for the slips of exercise 1 on x (H*d, ...), computed as far as needed."""
+    d, G = x.shape[0] // H, H // H_kv
+    right = _pool(x, H, H_kv)  # (H_kv*d, ...)
+    yield (
+        f"the {what} came back unpooled, with all H*d rows: return H_kv*d rows, one block of d per group",
+        x,
+    )
+    yield (
+        f"the {what}'s groups are interleaved (heads j, j + H_kv, j + 2 H_kv, ...: h % H_kv, the grouping of "
+        f"repeat): {_GROUPS}",
+        _pool(x, H, H_kv, interleaved=True),
+    )
+    yield (
+        f"the {what}'s heads are summed: take the mean of each group's G heads (divide by G)",
+        _pool(x, H, H_kv, how="sum"),
+    )
+    yield (
+        f"the {what} holds each group's first head: mean pooling averages all G heads of the group",
+        _pool(x, H, H_kv, how="first"),
+    )
+    yield (
+        f"every group of the {what} is the mean of all H heads: average each group's own G heads only",
+        torch.cat([sum(_blocks(x, H)) / H] * H_kv),
+    )
+    yield (
+        f"the {what}: you averaged G neighbouring rows, unflatten(0, (H_kv, d, G)): head h owns the d consecutive "
+        "rows h*d .. (h+1)*d - 1, so a group is G whole blocks of d rows: unflatten(0, (H_kv, G, d)), then average "
+        "over the G axis (dim=1)",
+        x.unflatten(0, (H_kv * d, G)).mean(1),
+    )
+    yield (
+        f"the {what}: you averaged the d rows inside each head (one row per head is left): keep a head's d rows "
+        "and average over the G heads of a group, row by row (dim=1 of unflatten(0, (H_kv, G, d)))",
+        torch.stack([block.mean(0) for block in _blocks(x, H)]),
+    )
+    yield (
+        f"the {what}: you averaged over the d rows of each head as well as over the heads (one row per group is "
+        "left): keep the d rows, average only over the G heads",
+        torch.stack([block.mean(0) for block in _blocks(right, H_kv)]),
+    )
+    yield (
+        f"the {what}: you expanded the pooled heads back to H heads (what the layer does at run time): return the "
+        "H_kv pooled heads only, H_kv*d rows",
+        torch.cat([block for block in _blocks(right, H_kv) for _ in range(G)]),
+    )
+
+
+def _pool_shape(what, d):
+    """When no named mistake fits: explain a wrong shape, else name the first wrong value."""
+
+    def otherwise(actual, expected, case):
+        if tuple(actual.shape) != tuple(expected.shape):
+            raise CheckFailed(
+                f"{case}: the {what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}: H_kv blocks "
+                f"of d = {d} rows, one per group"
+                + (" (the columns, D_in, stay as they are)" if what == "weight" else "")
+            )
+        expect_close(actual, expected, case, **_TOL)
+
+    return otherwise
+
+
+_POOL_CASES = [
+    ("W (16, 8), b (16,): H = 4 heads of d = 4 -> H_kv = 2", 4, 2, 4, 8),
+    ("W (12, 6), b (12,): H = 4 heads of d = 3 -> H_kv = 1 (multi-query)", 4, 1, 3, 6),
+    ("W (18, 5), b (18,): H = 6 heads of d = 3 -> H_kv = 2 (G = 3)", 6, 2, 3, 5),
+    ("W (8, 4), b (8,): H = 4 heads of d = 2 -> H_kv = 4 (G = 1: nothing to pool)", 4, 4, 2, 4),
+]
+
+_POOL_REFUSED = {
+    gqa.mha_to_gqa: "the package's gqa.mha_to_gqa",
+    gqa._grouped_rows: "the package's gqa._grouped_rows",
+}
+
+
+def _pooled_pair(got, case):
+    """The learner's (weight, bias), or a plain message saying what came back instead."""
+    if not (isinstance(got, tuple | list) and len(got) == 2):
+        raise CheckFailed(f"{case}: return two tensors, (weight, bias); got {type(got).__name__}")
+    for what, t in zip(("weight", "bias"), got, strict=True):
+        expect_tensor(t, f"{case} ({what})")
+        if t.dtype != _DT:
+            raise CheckFailed(f"{case}: the {what} is {t.dtype}, expected {_DT}: keep the input's dtype")
+    return got
+
+
+@friendly
+@torch.no_grad()
+def check_pool_kv_heads(fn) -> None:
+    """``fn(weight, bias, num_heads, num_kv_heads)``: weight (H*d, D_in), bias (H*d,) -> (H_kv*d, D_in), (H_kv*d,)."""
+    g = torch.Generator().manual_seed(131)
+    for case, H, H_kv, d, D_in in _POOL_CASES:
+        weight = torch.randn(H * d, D_in, generator=g, dtype=_DT)  # (H*d, D_in)
+        bias = torch.randn(H * d, generator=g, dtype=_DT)  # (H*d,)
+        given = weight.clone(), bias.clone()
+        with refusing(_POOL_REFUSED):
+            got = call(fn, *given, H, H_kv, case=case)
+        if not (torch.equal(given[0], weight) and torch.equal(given[1], bias)):
+            raise CheckFailed(f"{case}: your function changed its inputs in place; return new tensors")
+        for what, actual, x in zip(("weight", "bias"), _pooled_pair(got, case), (weight, bias), strict=True):
+            where = f"{case} ({what})"
+            mistakes = _pool_mistakes(x, H, H_kv, what)
+            diagnose(actual, _pool(x, H, H_kv), mistakes, where, otherwise=_pool_shape(what, d), **_TOL)
+    passed("check_pool_kv_heads", len(_POOL_CASES))
+
+
+# =====================================================================================================
+# Exercise 2: how far is each head from its group's mean?
+# =====================================================================================================
+def _frobenius(block) -> float:
+    """sqrt of the sum of squares of every entry, by a plain loop."""
+    return math.sqrt(sum(v * v for v in block.flatten().tolist()))
+
+
+def _spread(weight, H, H_kv, *, interleaved=False, scale="own", reduce="mean", centre="group", power=1):
+    """Per group (H_kv,) by loops: the mean over its heads h of (||W_h - M_j||_F / ||W_h||_F) ** power.
+
+    The keywords switch on the slips the check names: ``scale`` "mean" (||M_j||) or "none", ``reduce`` "max" or
+    "head" (one ratio per head, (H,)), ``centre`` "all" (the mean of all heads); the defaults are right.
+    """
+    blocks = _blocks(weight, H)  # H blocks (d, D_in)
+    everyone = sum(blocks) / H  # (d, D_in)
+    per_group, per_head = [], [0.0] * H
+    for heads in _groups(H, H_kv, interleaved):
+        mean = sum(blocks[h] for h in heads) / len(heads)  # (d, D_in): M_j
+        ratios = []
+        for h in heads:
+            distance = _frobenius(blocks[h] - (mean if centre == "group" else everyone))
+            size = {"own": _frobenius(blocks[h]), "mean": _frobenius(mean), "none": 1.0}[scale]
+            ratios.append((distance / size) ** power)
+            per_head[h] = ratios[-1]
+        per_group.append(max(ratios) if reduce == "max" else sum(ratios) / len(ratios))
+    return torch.tensor(per_head if reduce == "head" else per_group, dtype=_DT)
+
+
+def _spread_mistakes(weight, H, H_kv):
+    yield (
+        f"the groups are interleaved (heads j, j + H_kv, ...: h % H_kv): {_GROUPS}",
+        _spread(weight, H, H_kv, interleaved=True),
+    )
+    yield (
+        "the distances are not normalised: divide ||W_h - M_j||_F by ||W_h||_F, the head's own size, so that the "
+        "spread is a fraction (0: the head is its group's mean)",
+        _spread(weight, H, H_kv, scale="none"),
+    )
+    yield (
+        "you divided by ||M_j||_F, the size of the group's mean: divide by ||W_h||_F, each head's own size "
+        "(two heads W and -W have the mean 0)",
+        _spread(weight, H, H_kv, scale="mean"),
+    )
+    yield (
+        "you took the largest ratio of each group: average the G ratios of its heads",
+        _spread(weight, H, H_kv, reduce="max"),
+    )
+    yield (
+        "you measured each head's distance to the mean of all H heads: the centre is its own group's mean M_j, "
+        "the block that mean pooling puts in its place",
+        _spread(weight, H, H_kv, centre="all"),
+    )
+    yield (
+        "the ratios are squared: the Frobenius norm is the square root of the sum of squares "
+        "(torch.linalg.matrix_norm, or .norm(dim=(-2, -1)))",
+        _spread(weight, H, H_kv, power=2),
+    )
+    yield (
+        "one number per head, (H,): average the ratios of each group's G heads, one number per group (H_kv,)",
+        _spread(weight, H, H_kv, reduce="head"),
+    )
+
+
+def _spread_cases(g):
+    """(case, weight (H*d, D_in), H, H_kv): random heads of unequal sizes first, then cases whose answer is known."""
+    cases = []
+    for case, H, H_kv, d, D_in in [
+        ("W_k (16, 8): H = 4 heads of d = 4, H_kv = 2, heads of unequal sizes", 4, 2, 4, 8),
+        ("W_k (18, 5): H = 6 heads of d = 3, H_kv = 2 (G = 3), heads of unequal sizes", 6, 2, 3, 5),
+        ("W_k (12, 6): H = 4 heads of d = 3, H_kv = 1 (multi-query), heads of unequal sizes", 4, 1, 3, 6),
+        ("W_k (8, 4): H = 4 heads of d = 2, H_kv = 4 (G = 1: every head is its group's mean, spread 0)", 4, 4, 2, 4),
+    ]:
+        sizes = (0.5 + 1.5 * torch.rand(H, generator=g, dtype=_DT)).repeat_interleave(d)[:, None]  # (H*d, 1)
+        cases.append((case, torch.randn(H * d, D_in, generator=g, dtype=_DT) * sizes, H, H_kv))
+    head = torch.randn(3, 5, generator=g, dtype=_DT)  # (d, D_in)
+    other = torch.randn(3, 5, generator=g, dtype=_DT)
+    cases.append(("W_k (12, 5): H = 4 -> H_kv = 2, heads 0 and 1 identical, heads 2 and 3 identical (spread 0)",
+                  torch.cat([head, head, other, other]), 4, 2))  # fmt: skip
+    cases.append(("W_k (6, 5): H = 2 -> H_kv = 1, head 1 = -head 0 (their mean is 0, spread 1)",
+                  torch.cat([head, -head]), 2, 1))  # fmt: skip
+    rows = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=_DT)).Q.T  # (6, 6): orthonormal rows
+    cases.append(("W_k (4, 6): H = 2 -> H_kv = 1, two orthogonal heads of equal norm", rows[:4], 2, 1))
+    return cases
+
+
+def _spread_shape(H, H_kv, d, tol):
+    """When no named mistake fits: explain a wrong shape, else name the first wrong value."""
+    per_row = {(H_kv, d), (H_kv, H // H_kv, d), (H, d)}  # what norms over the last axis alone leave
+
+    def otherwise(actual, expected, case):
+        if tuple(actual.shape) != tuple(expected.shape):
+            row = tuple(actual.shape) in per_row
+            raise CheckFailed(
+                f"{case}: the result has shape {tuple(actual.shape)}, expected ({H_kv},): one number per group"
+                + (" (a norm per row? a head's Frobenius norm takes both axes of its (d, D_in) block)" if row else "")
+            )
+        expect_close(actual, expected, case, **tol)
+
+    return otherwise
+
+
+@friendly
+@torch.no_grad()
+def check_group_spread(fn) -> None:
+    """``fn(weight, num_heads, num_kv_heads)``: weight (H*d, D_in) -> (H_kv,) float, each group's mean relative spread."""
+    g = torch.Generator().manual_seed(132)
+    cases = _spread_cases(g)
+    for case, weight, H, H_kv in cases:
+        given = weight.clone()
+        with refusing({gqa._grouped_rows: "the package's gqa._grouped_rows (form the group means yourself)"}):
+            got = expect_tensor(call(fn, given, H, H_kv, case=case), case)
+        if not torch.equal(given, weight):
+            raise CheckFailed(f"{case}: your function changed the weight in place; work on a copy")
+        if not got.is_floating_point():
+            raise CheckFailed(f"{case}: the result is {got.dtype}: return a float tensor (H_kv,)")
+        tol = _TOL if got.dtype == _DT else dict(atol=1e-6, rtol=1e-5)  # a float32 result is fine, to its precision
+        expected = _spread(weight, H, H_kv)  # (H_kv,)
+        diagnose(
+            got,
+            expected,
+            _spread_mistakes(weight, H, H_kv),
+            case,
+            otherwise=_spread_shape(H, H_kv, weight.shape[0] // H, tol),
+            **tol,
+        )
+    passed("check_group_spread", len(cases))
