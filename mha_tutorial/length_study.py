@@ -246,11 +246,9 @@ def plot_study(study, live=None):
     for ax in (left, right):
         ax.axhline(1 / len(LongInductionTask.letters), color="0.3", ls="--", lw=1)
         ax.grid(alpha=0.3)
-    left.set(
-        xlabel="letters per run, from position 0 (twice as many tokens)", ylabel="accuracy on the repeated letters"
-    )
+    left.set(xlabel="letters per run (from position 0)", ylabel="accuracy on the repeated letters")
     left.set(ylim=(0, 1.02), xticks=[3, 6, 8, 12, 16, 20, 24], title="longer runs: the copy further back")
-    right.set(xlabel="first position of the run (runs of 3-8 letters)", xticks=list(STARTS))
+    right.set(xlabel="first position (runs of 3-8 letters)", xticks=list(STARTS))
     right.set(title="trained runs, at later positions")
     left.plot([], [], color="0.3", ls="--", lw=1, label="chance (1/24)")
     fig.legend(*left.get_legend_handles_labels(), loc="outside right upper", fontsize=9)
