@@ -214,23 +214,46 @@ def iterative_importance_order(
     return order
 
 
-def pruning_curve(model, task_name: str, order, split: str = "eval", examples=None, limit: int | None = None) -> dict:
+def pruning_curve(
+    model, task_name: str, order, split: str = "eval", examples=None, limit: int | None = None, loss: bool = True
+) -> dict:
     """Mask the heads of ``order`` one after another; return loss and accuracy after each step.
 
     Returns {"accuracy": tensor (N+1,), "loss": tensor (N+1,)}: entry k is the model with the
-    first k heads of ``order`` switched off (entry 0 is the full model).
+    first k heads of ``order`` switched off (entry 0 is the full model). ``loss=False`` skips the loss
+    ("loss" is then None): for dates it is a teacher-forced pass beside the greedy decoding that accuracy needs.
     """
     validate_training.model_for_task(model, get_task(task_name))
+    if not isinstance(loss, bool):
+        raise TypeError(f"loss must be True or False, got {loss!r:.40}")
     rows = _examples(task_name, split, examples, limit)
     device = next(model.parameters()).device
     order_mask(model, order)  # the whole order is checked before the first evaluation
-    accuracy, loss = [], []
+    accuracy, losses = [], []
     for k in range(len(order) + 1):
         mask = order_mask(model, order, k, device)
-        result = evaluate(model, task_name, examples=rows, head_mask=mask)
-        accuracy.append(result["accuracy"])
-        loss.append(result["loss"])
-    return {"accuracy": torch.tensor(accuracy), "loss": torch.tensor(loss)}
+        if loss or task_name != "dates":
+            result = evaluate(model, task_name, examples=rows, head_mask=mask)
+            accuracy.append(result["accuracy"])
+            losses.append(result["loss"])
+        else:
+            accuracy.append(_dates_accuracy(model, rows, mask))
+    return {"accuracy": torch.tensor(accuracy), "loss": torch.tensor(losses) if loss else None}
+
+
+@torch.no_grad()
+def _dates_accuracy(model, rows, head_mask, batch_size: int = 500) -> float:
+    """``evaluate``'s accuracy on dates (whole dates right under greedy decoding), without its loss."""
+    task, device, hits = get_task("dates"), next(model.parameters()).device, 0
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(rows), batch_size):
+            batch = task.collate(rows[i : i + batch_size], device)
+            hits += int((task.predict(model, batch, head_mask) == batch.tgt_out).all(dim=1).sum())
+    finally:
+        model.train(was_training)
+    return hits / len(rows)
 
 
 def order_mask(model, order, n: int | None = None, device=None) -> torch.Tensor:

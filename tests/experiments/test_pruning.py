@@ -119,6 +119,18 @@ def test_pruning_curve_starts_at_the_full_model_and_ends_with_every_head_masked(
     )
 
 
+def test_pruning_curve_without_the_loss_gives_the_same_accuracy(models):
+    model, examples = models["dates"], rows("dates", n=60)
+    order = pruning.random_order(model, seed=1)[:6]
+    full = pruning.pruning_curve(model, "dates", order, examples=examples)
+    quick = pruning.pruning_curve(model, "dates", order, examples=examples, loss=False)
+    assert quick["loss"] is None
+    assert torch.equal(quick["accuracy"], full["accuracy"])
+    assert full["accuracy"].min() < full["accuracy"].max()  # the masks change the accuracy: the comparison can fail
+    with pytest.raises(TypeError, match="loss must be True or False"):
+        pruning.pruning_curve(model, "dates", order, examples=examples, loss="no")
+
+
 def test_pruning_curve_rejects_bad_orders(models):
     model = models["reversal"]
     with pytest.raises(ValueError, match="twice"):
