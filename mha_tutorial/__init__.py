@@ -9,14 +9,10 @@ with a cache); rope.py (rotary positions) and gqa.py (grouped-query attention) a
 against these; ``checks`` holds the automatic checks of the exercises.
 """
 
-from .attention import DotProductAttention, masked_softmax, scaled_dot_product_attention
-from .bert import BertConfig, BertEncoder, mean_pool
-from .bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
-from .device import get_device
-from .gqa import mha_to_gqa
-from .heads import transpose_output, transpose_qkv
-from .kv_cache import KVCache, LayerCache, cache_bytes
-from .masks import (
+from .core.attention import DotProductAttention, masked_softmax, scaled_dot_product_attention
+from .core.heads import transpose_output, transpose_qkv
+from .core.kv_cache import KVCache, LayerCache, cache_bytes
+from .core.masks import (
     additive_to_bool,
     bool_to_additive,
     causal_mask,
@@ -24,10 +20,18 @@ from .masks import (
     keep_to_drop,
     padding_mask,
 )
-from .mha import AddNorm, MultiHeadAttention
-from .minilm import embed, load_minilm, tokenize
-from .model import ModelConfig, build_model
-from .retrieval import (
+from .core.mha import AddNorm, MultiHeadAttention
+from .core.rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies
+from .core.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
+from .device import get_device
+from .models.model import ModelConfig, build_model
+from .models.tasks import get_task, load_split
+from .models.train import evaluate, load_pretrained, train
+from .modern.gqa import mha_to_gqa
+from .pretrained.bert import BertConfig, BertEncoder, mean_pool
+from .pretrained.bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
+from .pretrained.minilm import embed, load_minilm, tokenize
+from .pretrained.retrieval import (
     ablation_drops,
     curve_auc,
     load_paraphrases,
@@ -37,10 +41,6 @@ from .retrieval import (
     random_orders,
     retrieval_accuracy,
 )
-from .rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies
-from .tasks import get_task, load_split
-from .train import evaluate, load_pretrained, train
-from .variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
 
 __all__ = [
     "AddNorm",

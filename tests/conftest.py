@@ -45,6 +45,6 @@ def _close_figures():
 @pytest.fixture(scope="module")
 def models():
     """The three committed checkpoints, loaded fresh for each test module (some tests prune them in place)."""
-    from mha_tutorial.train import load_pretrained
+    from mha_tutorial.models.train import load_pretrained
 
     return {name: load_pretrained(name, device="cpu") for name in ("reversal", "induction", "dates")}

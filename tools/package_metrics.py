@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FORMULA_MODULES = ("attention.py", "heads.py", "mha.py")
+FORMULA_MODULES = ("core/attention.py", "core/heads.py", "core/mha.py")
 
 
 def sources(rev: str | None) -> dict[str, str]:

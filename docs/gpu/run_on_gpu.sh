@@ -38,7 +38,7 @@ PY
 flash)
   # H100 SXM dense bfloat16 peak: 989 TFLOP/s (NVIDIA's data sheet), for the "% of peak" column.
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/flash "tests/core/test_mha.py::test_cuda_matches_cpu_with_masks_made_on_the_cpu" 2>&1 | tee "$OUT/tests_flash.log"
-  timeout 400 python3 -m mha_tutorial.bench_flash --device cuda --peak-tflops 989 --out "$OUT" 2>&1 | tee "$OUT/bench_flash.log"
+  timeout 400 python3 -m mha_tutorial.bench flash --device cuda --peak-tflops 989 --out "$OUT" 2>&1 | tee "$OUT/bench_flash.log"
   ;;
 notebooks)
   mkdir -p /tmp/nb
@@ -55,6 +55,6 @@ tests)
   ;;
 bench)
   # A sweep stopped by the 10-minute limit of one command still leaves bench.partial.csv.
-  python3 -m mha_tutorial.bench --dtypes bfloat16 float32 tf32 --min-run-time 0.2 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+  python3 -m mha_tutorial.bench attention --dtypes bfloat16 float32 tf32 --min-run-time 0.2 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
   ;;
 esac

@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from ..mha import MultiHeadAttention
+from ..core.mha import MultiHeadAttention
 from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed
 
 

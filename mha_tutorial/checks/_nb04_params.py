@@ -12,7 +12,7 @@ import numbers
 import torch
 from torch import nn
 
-from ..mha import MultiHeadAttention
+from ..core.mha import MultiHeadAttention
 from ._common import CheckFailed, call, friendly, passed
 from ._nb04_guards import _refusing
 

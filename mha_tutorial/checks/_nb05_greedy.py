@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..model import TransformerEncoderDecoder
-from ..tasks import BOS, get_task, load_split
+from ..models.model import TransformerEncoderDecoder
+from ..models.tasks import BOS, get_task, load_split
 from ._common import CheckFailed, call, expect_shape, expect_tensor, friendly, passed
 from ._nb04_guards import _refusing
 
@@ -49,7 +49,7 @@ def _reference_greedy(model, src, src_valid_lens, num_steps, bos_id, *, feed="pr
 
 def _greedy_models():
     """The committed dates model and an untrained one of the same size, both unable to decode on their own."""
-    from ..train import load_pretrained  # imported here: only this check needs the checkpoint
+    from ..models.train import load_pretrained  # imported here: only this check needs the checkpoint
 
     task = get_task("dates")
     trained = load_pretrained("dates", device="cpu")

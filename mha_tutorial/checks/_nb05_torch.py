@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..masks import padding_mask
-from ..mha import MultiHeadAttention
+from ..core.masks import padding_mask
+from ..core.mha import MultiHeadAttention
 from ._common import CheckFailed, call, expect_shape, friendly, passed
 from ._nb04_guards import _refusing
 

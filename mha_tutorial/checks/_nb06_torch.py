@@ -11,12 +11,12 @@ import copy
 
 import torch
 
-from .. import maps
+from ..analysis import maps
 from ._common import CheckFailed, call, expect_tensor, friendly, passed, refusing
 
 _PACKAGE_MAPS = {
-    maps.collect_attention: "mha_tutorial.maps.collect_attention",
-    maps.average_attention: "mha_tutorial.maps.average_attention",
+    maps.collect_attention: "mha_tutorial.analysis.maps.collect_attention",
+    maps.average_attention: "mha_tutorial.analysis.maps.average_attention",
 }
 
 

@@ -7,9 +7,9 @@ import numbers
 import torch
 from torch.nn import functional as F
 
-from .. import pruning
-from ..tasks import get_task
-from ..train import evaluate
+from ..analysis import pruning
+from ..models.tasks import get_task
+from ..models.train import evaluate
 from ._common import CheckFailed, call, friendly, passed, refusing
 
 # The package functions that would do the exercise for the learner: the check refuses them.

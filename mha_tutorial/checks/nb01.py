@@ -13,8 +13,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .. import attention
-from ..attention import scaled_dot_product_attention
+from ..core import attention
+from ..core.attention import scaled_dot_product_attention
 from ._common import (
     CheckFailed,
     call,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import attention, masks
-from ..attention import masked_softmax
-from ..masks import causal_mask, padding_mask
+from ..core import attention, masks
+from ..core.attention import masked_softmax
+from ..core.masks import causal_mask, padding_mask
 from ._common import (
     CheckFailed,
     call,

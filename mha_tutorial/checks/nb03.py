@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import heads as _heads
-from ..heads import transpose_qkv
+from ..core import heads as _heads
+from ..core.heads import transpose_qkv
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 
 __all__ = [

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import DotProductAttention, masked_softmax
-from ..masks import padding_mask
-from ..mha import MultiHeadAttention
-from ..variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
+from ..core.attention import DotProductAttention, masked_softmax
+from ..core.masks import padding_mask
+from ..core.mha import MultiHeadAttention
+from ..core.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
 from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed
 from ._nb04_guards import _refusing
 from ._nb04_head_off import check_head_off
@@ -224,7 +224,7 @@ _PEAK_CASES = [(1, 8, 384), (2, 4, 512), (1, 4, 768)]  # (batch, heads, seq), nu
 
 def measured_peak_mib(batch: int, heads: int, seq: int, hiddens: int = 64) -> float:
     """The measured peak (MiB) of one forward+backward call of the readable path, float32, on the CPU."""
-    from ..bench import run_benchmark
+    from ..bench.attention import run_benchmark
 
     threads = torch.get_num_threads()
     try:
@@ -249,7 +249,7 @@ def measured_peak_mib(batch: int, heads: int, seq: int, hiddens: int = 64) -> fl
 def check_peak_prediction(fn) -> None:
     """``fn(batch, heads, seq)`` -> the predicted peak memory (MiB) of one forward+backward call of the readable
     ``MultiHeadAttention`` in float32; the check measures it and accepts a prediction within 12%."""
-    from ..bench import PeakMemory
+    from ..bench.attention import PeakMemory
 
     for B, H, T in _PEAK_CASES:
         case = f"batch={B}, heads={H}, seq={T} (num_hiddens=64)"

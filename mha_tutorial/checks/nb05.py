@@ -22,7 +22,7 @@ import numbers
 import torch
 from torch.nn import functional as F
 
-from ..masks import causal_mask
+from ..core.masks import causal_mask
 from ._common import CheckFailed, call, expect_shape, expect_tensor, friendly, passed
 from ._nb05_greedy import check_greedy_decode
 from ._nb05_torch import _to_torch as _to_torch

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import torch
 
-from ..model import build_model
-from ..train import load_pretrained
+from ..models.model import build_model
+from ..models.train import load_pretrained
 from ._common import CheckFailed, call, friendly, passed
 
 __all__ = ["check_load_predictions"]

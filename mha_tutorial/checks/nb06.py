@@ -13,11 +13,11 @@ import itertools
 
 import torch
 
-from .. import head_stats, maps
-from ..attention import masked_softmax
-from ..head_stats import normalized_entropy
-from ..maps import layer_masks
-from ..masks import causal_mask, padding_mask
+from ..analysis import head_stats, maps
+from ..analysis.head_stats import normalized_entropy
+from ..analysis.maps import layer_masks
+from ..core.attention import masked_softmax
+from ..core.masks import causal_mask, padding_mask
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 from ._nb06_mistakes import (
     ENTROPY_OPTIONS,
@@ -38,11 +38,11 @@ __all__ = [
 ]
 
 # The package's own versions of what the exercises ask for: a check refuses them.
-_PACKAGE_ENTROPY = {normalized_entropy: "mha_tutorial.head_stats.normalized_entropy"}
+_PACKAGE_ENTROPY = {normalized_entropy: "mha_tutorial.analysis.head_stats.normalized_entropy"}
 _PACKAGE_SCORES = {
-    head_stats.head_stats: "mha_tutorial.head_stats.head_stats",
-    head_stats.pattern_scores: "mha_tutorial.head_stats.pattern_scores",
-    head_stats._offset_score: "mha_tutorial.head_stats._offset_score",
+    head_stats.head_stats: "mha_tutorial.analysis.head_stats.head_stats",
+    head_stats.pattern_scores: "mha_tutorial.analysis.head_stats.pattern_scores",
+    head_stats._offset_score: "mha_tutorial.analysis.head_stats._offset_score",
 }
 
 
@@ -100,8 +100,8 @@ def _with_rng(make):
 
 def _trained_weights(task_name: str, n: int):
     """(model, batch, {layer: weights (B, H, Q, K)}) of the committed model on the first n eval examples."""
-    from ..tasks import get_task
-    from ..train import load_pretrained
+    from ..models.tasks import get_task
+    from ..models.train import load_pretrained
 
     task = get_task(task_name)
     model = _with_rng(lambda: load_pretrained(task_name, device="cpu"))  # building a model draws random numbers
@@ -347,7 +347,7 @@ def check_cell_average(fn) -> None:
     cases.append((weights["dec.1.self"], induction_keep, "the induction model's dec.1.self, 200 mixed run lengths"))
     for w, keep, case in cases:
         w = w.masked_fill(~keep[:, None], 0.0)  # (B, H, Q, K): 0 where the cell does not exist
-        with refusing({maps.average_attention: "mha_tutorial.maps.average_attention"}):
+        with refusing({maps.average_attention: "mha_tutorial.analysis.maps.average_attention"}):
             result = call(fn, w.clone(), keep.clone(), case=case)
         actual = expect_tensor(result, case).detach().cpu().double()
         expect_shape(actual, w.shape[1:], case)

@@ -16,10 +16,10 @@ import numbers
 import torch
 from torch.nn import functional as F
 
-from .. import pruning
-from ..model import ModelConfig, build_model
-from ..tasks import get_task
-from ..train import load_pretrained
+from ..analysis import pruning
+from ..models.model import ModelConfig, build_model
+from ..models.tasks import get_task
+from ..models.train import load_pretrained
 from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed, refusing
 from ._nb07_ablation import check_delta_loss as _check_delta_loss
 

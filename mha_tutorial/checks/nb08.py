@@ -18,8 +18,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from ..attention import masked_softmax, scaled_dot_product_attention
-from ..masks import padding_mask
+from ..core.attention import masked_softmax, scaled_dot_product_attention
+from ..core.masks import padding_mask
 from ._common import (
     CheckFailed,
     call,

@@ -30,7 +30,7 @@ def _with_rng(make):
 @functools.lru_cache(maxsize=1)
 def _model():
     """all-MiniLM-L6-v2 on the CPU, loaded once per process (the checks only read it)."""
-    from ..minilm import load_minilm
+    from ..pretrained.minilm import load_minilm
 
     return load_minilm(device="cpu")
 
@@ -45,7 +45,7 @@ def _pairs(n: int) -> tuple[list[str], list[str]]:
 @functools.lru_cache(maxsize=1)
 def _real_batch():
     """A padded batch of five sentences of the paraphrase data: (batch, hidden (B, T, d), weights per layer)."""
-    from ..minilm import tokenize
+    from ..pretrained.minilm import tokenize
 
     sentences, paraphrases = _pairs(40)
     chosen = [sentences[0], paraphrases[3], sentences[11], paraphrases[17], sentences[29]]
@@ -90,7 +90,7 @@ class _Watched(list):
 
 
 def _scores(pairs, gates=None) -> tuple[float, float]:  # (accuracy@1, loss) of the check's MiniLM on pairs
-    from ..retrieval import retrieval_accuracy, retrieval_loss
+    from ..pretrained.retrieval import retrieval_accuracy, retrieval_loss
 
     with torch.no_grad():
         return retrieval_accuracy(_model(), pairs, head_mask=gates), retrieval_loss(_model(), pairs, gates).item()
@@ -98,7 +98,7 @@ def _scores(pairs, gates=None) -> tuple[float, float]:  # (accuracy@1, loss) of 
 
 @functools.cache
 def _split_pairs(split: str, n: int | None = None) -> tuple:
-    from ..retrieval import load_paraphrases
+    from ..pretrained.retrieval import load_paraphrases
 
     return tuple(load_paraphrases(split)[:n])
 
@@ -140,12 +140,12 @@ def _as_pair(actual, case: str) -> tuple[float, float]:
 @friendly
 def check_ablation_change(fn) -> None:
     """``fn(model, pairs, layer, head)`` -> (accuracy@1 change, loss change) with that head's gate at 0."""
-    from .. import retrieval, retrieval_study  # the package's ablations: the exercise is to write one
+    from ..pretrained import retrieval, retrieval_study  # the package's ablations: the exercise is to write one
 
     refused = {
-        retrieval.ablation_drops: "mha_tutorial.retrieval.ablation_drops",
-        retrieval.pruning_curve: "mha_tutorial.retrieval.pruning_curve",
-        retrieval_study._one_head_off: "mha_tutorial.retrieval_study's ablation helper",
+        retrieval.ablation_drops: "mha_tutorial.pretrained.retrieval.ablation_drops",
+        retrieval.pruning_curve: "mha_tutorial.pretrained.retrieval.pruning_curve",
+        retrieval_study._one_head_off: "mha_tutorial.pretrained.retrieval_study's ablation helper",
     }
     model, n = _model(), ABLATION_PAIRS
     for layer, head in ABLATION_CASES:
@@ -357,7 +357,7 @@ def _as_fraction(actual, case: str) -> float:
 
 @functools.lru_cache(maxsize=1)
 def _real_embeddings(n: int = 24):
-    from ..minilm import embed
+    from ..pretrained.minilm import embed
 
     sentences, paraphrases = _pairs(n)
     return embed(sentences, _model()).cpu(), embed(paraphrases, _model()).cpu()
@@ -370,11 +370,11 @@ def check_accuracy_at_1(fn) -> None:
     sentences, paraphrases = _real_embeddings()
     real = f"all-MiniLM-L6-v2 embeddings of the first {len(sentences)} pairs of the paraphrase data"
     cases.append((sentences, paraphrases, real))
-    from ..retrieval import embedding_scores  # the package's accuracy@1 of unit embeddings: the exercise is to write it
+    from ..pretrained.retrieval import embedding_scores  # the package's accuracy@1: the exercise is to write it
 
     for q, c, case in cases:
         inputs = [q.clone(), c.clone()]
-        with refusing({embedding_scores: "mha_tutorial.retrieval's own accuracy@1 (retrieval.embedding_scores)"}):
+        with refusing({embedding_scores: "the package's own accuracy@1 (pretrained.retrieval.embedding_scores)"}):
             actual = _as_fraction(call(fn, *inputs, case=case), case)
         _unchanged([q, c], inputs, case)
         expected = _accuracy_reference(q, c)

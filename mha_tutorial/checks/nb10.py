@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .. import flash
+from ..modern import flash
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 
 __all__ = ["check_merge_states", "check_tile_gradients"]
@@ -115,7 +115,7 @@ _AUTOGRAD = {
     torch.autograd.backward: "backward() (autograd computes the gradient for you)",
     torch.Tensor.backward: "backward() (autograd computes the gradient for you)",
     torch.func.vjp: "torch.func.vjp (autograd computes the gradient for you)",
-    flash.flash_backward: "mha_tutorial.flash.flash_backward (the package's version of this exercise)",
+    flash.flash_backward: "mha_tutorial.modern.flash.flash_backward (the package's version of this exercise)",
 }
 
 

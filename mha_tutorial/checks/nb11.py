@@ -22,10 +22,10 @@ import math
 
 import torch
 
-from .. import kv_cache
-from ..masks import causal_mask
-from ..mha import MultiHeadAttention
-from ..model import ModelConfig, TransformerDecoder, build_model
+from ..core import kv_cache
+from ..core.masks import causal_mask
+from ..core.mha import MultiHeadAttention
+from ..models.model import ModelConfig, TransformerDecoder, build_model
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 
 __all__ = ["check_cache_size", "check_cached_forward", "check_chunk_step"]
@@ -211,7 +211,7 @@ def _chunks(fn, model, tokens, sizes):
 @torch.no_grad()
 def check_cached_forward(fn) -> None:
     """``fn(model, new_tokens, cache)`` -> logits (B, T_new, V) of a decoder continuing ``cache`` (a KVCache)."""
-    from ..train import load_pretrained  # here: only this check needs the checkpoint
+    from ..models.train import load_pretrained  # here: only this check needs the checkpoint
 
     model = load_pretrained("induction", device="cpu").eval()
     g = torch.Generator().manual_seed(113)

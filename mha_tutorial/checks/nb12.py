@@ -26,8 +26,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .. import kv_cache, rope
-from ..mha import MultiHeadAttention
+from ..core import kv_cache, rope
+from ..core.mha import MultiHeadAttention
 from ._common import CheckFailed, call, diagnose, expect_close, expect_shape, expect_tensor, friendly, passed, refusing
 
 __all__ = ["check_half_layout_weights", "check_rope_half", "check_rotary_step"]

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .. import gqa
+from ..modern import gqa
 from ._common import CheckFailed, call, diagnose, expect_close, expect_tensor, friendly, passed, refusing
 
 __all__ = ["check_group_spread", "check_pool_kv_heads"]

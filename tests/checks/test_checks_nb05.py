@@ -17,8 +17,8 @@ from mha_tutorial.checks import (
     check_to_torch_attention,
 )
 from mha_tutorial.checks.nb05 import _loss_cases, reference_decoder_mask
-from mha_tutorial.tasks import get_task, load_split
-from mha_tutorial.train import load_pretrained
+from mha_tutorial.models.tasks import get_task, load_split
+from mha_tutorial.models.train import load_pretrained
 
 # ---------------------------------------------------------------- Exercise 1: the left-padded decoder mask
 
@@ -449,13 +449,13 @@ def test_to_torch_attention_names_mistakes(wrong, words):
 
 
 def greedy_via_class(model, src, src_valid_lens, num_steps, bos_id):
-    from mha_tutorial.model import TransformerEncoderDecoder
+    from mha_tutorial.models.model import TransformerEncoderDecoder
 
     return TransformerEncoderDecoder.greedy_decode(model, src, num_steps, bos_id, src_valid_lens)
 
 
 def greedy_via_predict(model, src, src_valid_lens, num_steps, bos_id):
-    from mha_tutorial.task_base import Batch
+    from mha_tutorial.models.task_base import Batch
 
     return get_task("dates").predict(model, Batch(src=src, valid_lens=src_valid_lens))[:, :num_steps]
 

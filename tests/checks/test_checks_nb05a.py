@@ -6,7 +6,7 @@ import pytest
 
 from mha_tutorial.checks import CheckFailed, check_load_predictions
 from mha_tutorial.checks.nb05a import LOAD_CHANGES, _loads
-from mha_tutorial.train import load_pretrained
+from mha_tutorial.models.train import load_pretrained
 
 RIGHT = {
     "num_heads=8": True,

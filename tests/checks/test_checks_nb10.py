@@ -89,7 +89,7 @@ def _autograd(q, k, v, out, lse, d_out):
 
 
 def _package(q, k, v, out, lse, d_out):
-    from mha_tutorial.flash import flash_backward
+    from mha_tutorial.modern.flash import flash_backward
 
     grads = flash_backward(*(x[None, None] for x in (q, k, v, out, lse, d_out)))
     return tuple(g[0, 0] for g in grads)

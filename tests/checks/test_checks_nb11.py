@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from mha_tutorial import checks, kv_cache
-from mha_tutorial.masks import causal_mask
+from mha_tutorial import checks
+from mha_tutorial.core import kv_cache
+from mha_tutorial.core.masks import causal_mask
 
 from testkit import fails_with
 

@@ -9,7 +9,8 @@ import torch
 from torch.nn import functional as F
 
 import mha_tutorial as mt
-from mha_tutorial import checks, kv_cache, rope
+from mha_tutorial import checks
+from mha_tutorial.core import kv_cache, rope
 
 from testkit import fails_with
 

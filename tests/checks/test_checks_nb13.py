@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mha_tutorial as mt
-from mha_tutorial import checks, gqa
+from mha_tutorial import checks
 from mha_tutorial.checks import nb13
+from mha_tutorial.modern import gqa
 
 from testkit import fails_with
 

@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.nn import functional as F
 
-from mha_tutorial import mha as mha_module
-from mha_tutorial.gqa import mha_to_gqa
-from mha_tutorial.kv_cache import LayerCache, cache_bytes
-from mha_tutorial.masks import causal_mask
-from mha_tutorial.mha import MultiHeadAttention
-from mha_tutorial.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention
+from mha_tutorial.core import mha as mha_module
+from mha_tutorial.core.kv_cache import LayerCache, cache_bytes
+from mha_tutorial.core.masks import causal_mask
+from mha_tutorial.core.mha import MultiHeadAttention
+from mha_tutorial.core.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention
+from mha_tutorial.modern.gqa import mha_to_gqa
 
 from testkit import TOL64, explode_projections, no_arithmetic
 

@@ -16,7 +16,7 @@ from mha_tutorial import (
     masked_softmax,
     padding_mask,
 )
-from mha_tutorial.masks import as_valid_lens, check_mask, check_valid_lens
+from mha_tutorial.core.masks import as_valid_lens, check_mask, check_valid_lens
 
 from testkit import TOL32, loop_keep_from_valid_lens
 
@@ -226,7 +226,7 @@ def test_as_valid_lens():
 
 
 def test_combine_masks():
-    from mha_tutorial.masks import combine_masks
+    from mha_tutorial.core.masks import combine_masks
 
     assert combine_masks(None, None, 4) is None
     mask = causal_mask(3, 4)
@@ -245,7 +245,7 @@ def test_bool_to_additive_refuses_a_non_floating_dtype(dtype):
 
 
 def test_combine_masks_fits_scores_of_any_rank_and_as_4d_adds_leading_axes():
-    from mha_tutorial.masks import as_4d, combine_masks
+    from mha_tutorial.core.masks import as_4d, combine_masks
 
     valid_lens = torch.tensor([1, 3])
     assert combine_masks(valid_lens, None, 4, ndim=3).shape == (2, 1, 4)  # (B, Q, K) scores
@@ -263,7 +263,7 @@ def test_combine_masks_fits_scores_of_any_rank_and_as_4d_adds_leading_axes():
 
 @pytest.mark.parametrize("shape", [(5,), (3, 5), (1, 1, 3, 5), (2, 1, 3, 5), (1, 4, 3, 5), (4, 3, 5), (2, 4, 3, 5)])
 def test_fold_heads_puts_head_h_of_example_b_in_row_b_times_H_plus_h(shape):
-    from mha_tutorial.masks import fold_heads
+    from mha_tutorial.core.masks import fold_heads
 
     B, H = 2, 4
     mask = torch.rand(shape) < 0.5

@@ -17,11 +17,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mha_tutorial.blocks import sinusoidal_table
-from mha_tutorial.kv_cache import KVCache, LayerCache, cache_bytes
-from mha_tutorial.mha import MultiHeadAttention
-from mha_tutorial.model import ModelConfig, build_model
-from mha_tutorial.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention
+from mha_tutorial.core.kv_cache import KVCache, LayerCache, cache_bytes
+from mha_tutorial.core.mha import MultiHeadAttention
+from mha_tutorial.core.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention
+from mha_tutorial.models.blocks import sinusoidal_table
+from mha_tutorial.models.model import ModelConfig, build_model
 
 from decoding.cachekit import TIGHT, cached_in_chunks, greedy, left_pad, random_tokens, split_batches
 from testkit import explode_projections, loop_masked_softmax, no_arithmetic
@@ -311,7 +311,7 @@ def test_sinusoidal_embedding_has_no_parameters_and_round_trips_through_state_di
 
 
 def test_an_old_checkpoint_dict_without_the_new_fields_loads_as_learned_with_one_kv_head_per_head():
-    from mha_tutorial._validate_training import checkpoint_config
+    from mha_tutorial.models._validate_training import checkpoint_config
 
     old = {
         "kind": "decoder", "src_vocab_size": 0, "tgt_vocab_size": VOCAB, "num_hiddens": 16, "num_heads": 4,
@@ -429,8 +429,8 @@ def test_bad_decoder_positions_are_refused_before_arithmetic(positions, error, m
 
 
 def test_gqa_conversion_keeps_the_rotation_and_the_seq_first_variant_refuses_it():
-    from mha_tutorial.gqa import mha_to_gqa
-    from mha_tutorial.variants import SeqFirstMultiHeadAttention
+    from mha_tutorial.core.variants import SeqFirstMultiHeadAttention
+    from mha_tutorial.modern.gqa import mha_to_gqa
 
     torch.manual_seed(0)
     rotary = MultiHeadAttention(32, 4, rope_base=100.0)

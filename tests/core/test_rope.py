@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 
-from mha_tutorial.rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies
+from mha_tutorial.core.rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies
 
 from testkit import TOL64
 

@@ -12,9 +12,9 @@ import functools
 import torch
 from hypothesis import strategies as st
 
-from mha_tutorial.kv_cache import KVCache
-from mha_tutorial.model import ModelConfig, build_model
-from mha_tutorial.train import load_pretrained
+from mha_tutorial.core.kv_cache import KVCache
+from mha_tutorial.models.model import ModelConfig, build_model
+from mha_tutorial.models.train import load_pretrained
 
 MAX_LEN = 12
 VOCAB = 13

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from mha_tutorial import bench_decode
-from mha_tutorial.kv_cache import KVCache
-from mha_tutorial.model import ModelConfig, build_model
+from mha_tutorial.bench import decode as bench_decode
+from mha_tutorial.core.kv_cache import KVCache
+from mha_tutorial.models.model import ModelConfig, build_model
 
 # one thread: on a shared CPU, two OpenMP threads stall at every small op when the other core is busy (timings are
 # not what these tests check)

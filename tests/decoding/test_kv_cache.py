@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import mha_tutorial
 from mha_tutorial import MultiHeadAttention, causal_mask
-from mha_tutorial.kv_cache import KVCache, LayerCache, cache_bytes
+from mha_tutorial.core.kv_cache import KVCache, LayerCache, cache_bytes
 
 from decoding.cachekit import (
     DECODER_CONFIGS,

@@ -10,21 +10,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mha_tutorial import (
-    ModelConfig,
-    bert_heads,
-    build_model,
-    get_task,
-    head_stats,
-    load_pretrained,
-    load_split,
-    pruning,
-    random_orders,
-    retrieval,
-    train,
-    viz,
-)
-from mha_tutorial.train import TrainSettings
+from mha_tutorial import ModelConfig, build_model, get_task, load_pretrained, load_split, random_orders
+from mha_tutorial.analysis import head_stats, pruning, viz
+from mha_tutorial.models import train
+from mha_tutorial.models.train import TrainSettings
+from mha_tutorial.pretrained import bert_heads, retrieval
 
 from testkit import no_arithmetic
 

@@ -8,12 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha_tutorial import gqa_study as gs
-from mha_tutorial.gqa import mha_to_gqa
-from mha_tutorial.kv_cache import KVCache, cache_bytes
-from mha_tutorial.model import ModelConfig, build_model
-from mha_tutorial.tasks import get_task
-from mha_tutorial.train import evaluate
+from mha_tutorial.core.kv_cache import KVCache, cache_bytes
+from mha_tutorial.models.model import ModelConfig, build_model
+from mha_tutorial.models.tasks import get_task
+from mha_tutorial.models.train import evaluate
+from mha_tutorial.modern import gqa_study as gs
+from mha_tutorial.modern.gqa import mha_to_gqa
 
 from testkit import no_arithmetic
 
@@ -228,5 +228,5 @@ def test_bad_arguments_are_refused_before_any_work(models):
     for error, fragment, call in cases:
         with no_arithmetic(), pytest.raises(error, match=fragment):
             call()
-    with pytest.raises(FileNotFoundError, match="python -m mha_tutorial.gqa_study"):
+    with pytest.raises(FileNotFoundError, match="python -m mha_tutorial.modern.gqa_study"):
         gs.read_study("/nonexistent/gqa_study.csv")

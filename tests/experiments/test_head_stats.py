@@ -1,4 +1,4 @@
-"""mha_tutorial.head_stats on pruned models and on bad input: tables keep their (layers, heads) shape with NaN
+"""mha_tutorial.analysis.head_stats on pruned models and on bad input: tables keep their (layers, heads) shape with NaN
 and the role "n/a" for pruned heads; bad arguments get a TypeError / ValueError naming them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from mha_tutorial import head_stats, pruning
-from mha_tutorial.tasks import load_split
+from mha_tutorial.analysis import head_stats, pruning
+from mha_tutorial.models.tasks import load_split
 
 
 # ============================================================================ pruned models

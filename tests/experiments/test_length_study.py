@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mha_tutorial import length_study as ls
+from mha_tutorial.modern import length_study as ls
 
 
 @pytest.fixture(scope="module")
@@ -93,5 +93,5 @@ def test_bad_arguments_are_refused():
         ls.train_model("rotary")
     with pytest.raises(ValueError, match="seed"):
         ls.train_model("rope", seed=-1)
-    with pytest.raises(FileNotFoundError, match="python -m mha_tutorial.length_study"):
+    with pytest.raises(FileNotFoundError, match="python -m mha_tutorial.modern.length_study"):
         ls.load_model("rope", path="/nonexistent/length-rope.pt")

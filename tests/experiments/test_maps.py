@@ -1,4 +1,4 @@
-"""mha_tutorial.maps on pruned models and on bad input: maps of the heads that are left, numbered as before
+"""mha_tutorial.analysis.maps on pruned models and on bad input: maps of the heads that are left, numbered as before
 pruning; a clear TypeError / ValueError naming the argument otherwise, raised before the model runs."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mha_tutorial import maps as attention_maps
-from mha_tutorial import pruning
-from mha_tutorial.tasks import load_split
+from mha_tutorial.analysis import maps as attention_maps
+from mha_tutorial.analysis import pruning
+from mha_tutorial.models.tasks import load_split
 
 
 def _titles(fig):

@@ -1,4 +1,4 @@
-"""mha_tutorial.mha_figures: notebook 04's figures draw the data they are given, in readable type, and refuse
+"""mha_tutorial.analysis.mha_figures: notebook 04's figures draw the data they are given, in readable type, and refuse
 malformed input with a clear error."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from mha_tutorial import figures, mha_figures
+from mha_tutorial import figures
+from mha_tutorial.analysis import mha_figures
 
 WORDS = ["the", "cat", "sat", "on", "mat"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mha_tutorial import MultiHeadAttention
-from mha_tutorial.model import ModelConfig, TransformerEncoder, build_model
+from mha_tutorial.models.model import ModelConfig, TransformerEncoder, build_model
 
 B, S, T = 3, 7, 5
 CONFIGS = {

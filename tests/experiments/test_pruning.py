@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mha_tutorial import MultiHeadAttention, pruning
-from mha_tutorial.tasks import get_task
-from mha_tutorial.train import evaluate, load_pretrained
+from mha_tutorial import MultiHeadAttention
+from mha_tutorial.analysis import pruning
+from mha_tutorial.models.tasks import get_task
+from mha_tutorial.models.train import evaluate, load_pretrained
 
 TASKS = ["reversal", "induction", "dates"]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mha_tutorial.tasks import (
+from mha_tutorial.models.tasks import (
     DATE_FORMATS,
     SPLIT_SEEDS,
     SPLIT_SIZE,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mha_tutorial import pruning
-from mha_tutorial.head_stats import pattern_scores
-from mha_tutorial.model import build_model
-from mha_tutorial.tasks import TASKS, get_task
-from mha_tutorial.train import (
+from mha_tutorial.analysis import pruning
+from mha_tutorial.analysis.head_stats import pattern_scores
+from mha_tutorial.models.model import build_model
+from mha_tutorial.models.tasks import TASKS, get_task
+from mha_tutorial.models.train import (
     CHECKPOINT_DIR,
     CheckpointNotFoundError,
     evaluate,
@@ -102,7 +102,9 @@ def test_dates_loss_and_accuracy_gives_head_mask_gradients(pretrained):
 
 def test_missing_checkpoint_names_path_and_command(tmp_path):
     missing = tmp_path / "nothing_here.pt"
-    with pytest.raises(FileNotFoundError, match="nothing_here.pt.*python -m mha_tutorial.train --task dates --out"):
+    with pytest.raises(
+        FileNotFoundError, match="nothing_here.pt.*python -m mha_tutorial.models.train --task dates --out"
+    ):
         load_pretrained("dates", path=missing)
 
 
@@ -155,7 +157,7 @@ def test_cli_retrains_reversal_to_the_committed_accuracy(tmp_path):
     """The committed checkpoint is honest: the documented command reproduces its accuracy from scratch."""
     out = tmp_path / "reversal.pt"
     result = subprocess.run(
-        [sys.executable, "-m", "mha_tutorial.train", "--task", "reversal", "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "mha_tutorial.models.train", "--task", "reversal", "--out", str(out), "--no-progress"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -172,7 +174,7 @@ def test_cli_retrains_reversal_to_the_committed_accuracy(tmp_path):
 
 def test_cli_rejects_an_unknown_task(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "mha_tutorial.train", "--task", "sorting", "--out", str(tmp_path / "x.pt")],
+        [sys.executable, "-m", "mha_tutorial.models.train", "--task", "sorting", "--out", str(tmp_path / "x.pt")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,12 +1,12 @@
-"""mha_tutorial.maps.value_weighted_maps against a plain loop over heads, queries and keys, and on bad input."""
+"""mha_tutorial.analysis.maps.value_weighted_maps against a plain loop over heads, queries and keys, and on bad input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mha_tutorial.maps import collect_attention, value_weighted_maps
-from mha_tutorial.tasks import load_split
+from mha_tutorial.analysis.maps import collect_attention, value_weighted_maps
+from mha_tutorial.models.tasks import load_split
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""mha_tutorial.viz: the head grid draws what it is given, the collected maps are the model's, the statistics match
+"""mha_tutorial.analysis.viz: the head grid draws what it is given, the collected maps are the model's, the statistics match
 plain-loop references, and the role labels follow their stated rules."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pytest
 import torch
 from matplotlib.patches import Rectangle
 
-from mha_tutorial import figures, head_stats, viz
-from mha_tutorial import maps as attention_maps
-from mha_tutorial.masks import causal_mask
-from mha_tutorial.model import build_model
-from mha_tutorial.tasks import get_task, load_split
+from mha_tutorial import figures
+from mha_tutorial.analysis import head_stats, viz
+from mha_tutorial.analysis import maps as attention_maps
+from mha_tutorial.core.masks import causal_mask
+from mha_tutorial.models.model import build_model
+from mha_tutorial.models.tasks import get_task, load_split
 
 
 def _images(fig):
@@ -523,7 +524,7 @@ def test_transformer_diagram_shows_both_stacks_with_shapes_in_readable_type():
 
 
 def test_mask_viz_hatches_masked_cells_and_names_rows():
-    from mha_tutorial import mask_viz
+    from mha_tutorial.analysis import mask_viz
 
     keep = causal_mask(3)
     weights = torch.softmax(torch.zeros(3, 3).masked_fill(~keep, float("-inf")), dim=-1)  # (Q, K)

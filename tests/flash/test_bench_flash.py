@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 
-from mha_tutorial import bench_flash
+from mha_tutorial.bench import flash as bench_flash
 
 
 def test_quick_run_checks_times_and_reports_every_implementation(tmp_path):

@@ -1,4 +1,4 @@
-"""FlashAttention from scratch (``mha_tutorial.flash``) against independent references.
+"""FlashAttention from scratch (``mha_tutorial.modern.flash``) against independent references.
 
 References: PyTorch's ``F.scaled_dot_product_attention`` with an explicit bool mask (its own kernels), the
 package's materialising ``scaled_dot_product_attention``, a plain loop over queries, and ``gradcheck`` in float64.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch.nn import functional as F
 
 from mha_tutorial import causal_mask, scaled_dot_product_attention
-from mha_tutorial.flash import Tiling, flash_attention, flash_forward
+from mha_tutorial.modern.flash import Tiling, flash_attention, flash_forward
 
 from testkit import TOL64
 
@@ -163,7 +163,7 @@ def test_three_d_inputs_and_a_custom_scale():
 
 def test_tiles_skip_what_the_causal_mask_hides():
     """Keys outside, queries inside: a causal call visits about half of the tiles of a full one."""
-    from mha_tutorial.flash import _tiles
+    from mha_tutorial.modern.flash import _tiles
 
     full = list(_tiles(64, 64, Tiling(block_q=8, block_k=8)))
     causal = list(_tiles(64, 64, Tiling(is_causal=True, block_q=8, block_k=8)))

@@ -1,4 +1,4 @@
-"""The Triton forward kernel (``mha_tutorial.flash_triton``) against the PyTorch tiles and PyTorch's SDPA.
+"""The Triton forward kernel (``mha_tutorial.modern.flash_triton``) against the PyTorch tiles and PyTorch's SDPA.
 
 Runs on a CUDA GPU, or on the CPU under Triton's interpreter (``TRITON_INTERPRET=1`` set before Python starts;
 Triton 3.6's interpreter needs NumPy < 2.4). Skipped where neither is available, as in CI, which installs no Triton.
@@ -16,8 +16,8 @@ triton = pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from mha_tutorial.flash import Tiling, flash_attention, flash_forward  # noqa: E402
-from mha_tutorial.flash_triton import triton_flash_attention, triton_forward  # noqa: E402
+from mha_tutorial.modern.flash import Tiling, flash_attention, flash_forward  # noqa: E402
+from mha_tutorial.modern.flash_triton import triton_flash_attention, triton_forward  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,4 +1,4 @@
-"""Per-head statistics of all-MiniLM-L6-v2 and the Clark et al. categories (``mha_tutorial.bert_heads``).
+"""Per-head statistics of all-MiniLM-L6-v2 and the Clark et al. categories (``mha_tutorial.pretrained.bert_heads``).
 
 The statistics are checked against plain Python loops over the tokens of each sentence run alone (no padding,
 no masks, no tensors in the arithmetic); the category rules on hand-made frames, boundaries included.
@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 import torch
 
-from mha_tutorial import bert_heads, minilm
-from mha_tutorial.bert_heads import (
+from mha_tutorial.analysis.pruning import pruned_copy
+from mha_tutorial.pretrained import bert_heads, minilm
+from mha_tutorial.pretrained.bert_heads import (
     CATEGORIES,
     CATEGORY_RULES,
     SHARE_CATEGORIES,
@@ -25,7 +26,6 @@ from mha_tutorial.bert_heads import (
     head_token_stats,
     plot_category_profile,
 )
-from mha_tutorial.pruning import pruned_copy
 
 from testkit import no_arithmetic
 

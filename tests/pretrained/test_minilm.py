@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mha_tutorial import minilm
-from mha_tutorial.bert import BertConfig, BertEncoder, mean_pool
-from mha_tutorial.pruning import pruned_copy
+from mha_tutorial.analysis.pruning import pruned_copy
+from mha_tutorial.pretrained import minilm
+from mha_tutorial.pretrained.bert import BertConfig, BertEncoder, mean_pool
 
 from testkit import no_arithmetic
 

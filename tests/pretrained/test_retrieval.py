@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mha_tutorial import minilm, pruning, retrieval
+from mha_tutorial.analysis import pruning
+from mha_tutorial.pretrained import minilm, retrieval
 
 from testkit import no_arithmetic
 

@@ -11,8 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from mha_tutorial import minilm, retrieval  # noqa: E402
-from mha_tutorial import retrieval_study as rs  # noqa: E402
+from mha_tutorial.pretrained import minilm, retrieval  # noqa: E402
+from mha_tutorial.pretrained import retrieval_study as rs  # noqa: E402
 
 EVAL = retrieval.load_paraphrases("eval")
 

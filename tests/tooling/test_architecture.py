@@ -1,10 +1,15 @@
 """The package's architecture, read from its source with ``ast`` (nothing is imported, torch included).
 
+The package is laid out in parts (subpackages): ``core`` (the attention module and what it is made of), ``models``
+(tasks, tiny transformers, training), ``modern`` (tiled attention, grouped K/V heads and the Part II studies),
+``analysis`` (inspecting and pruning heads), ``pretrained`` (a real encoder), ``bench`` and ``checks``; ``device``,
+``figures`` and ``__init__`` sit at the top. The parts import each other without a cycle.
+
 Layers, bottom to top; a module may import its own layer and the ones below, never one above:
 
-0. tooling that knows nothing of attention (``device``);
+0. tooling that knows nothing of attention (``device``, ``figures``);
 1. the core attention: scores, masks, heads, multi-head attention, positions, caches, kernels, and their checks;
-2. the tiny models (``blocks``, ``model``) and their checks;
+2. the tiny models (``models.blocks``, ``models.model``) and their checks;
 3. the tasks and training, and their checks;
 4. what is built on trained models: inspecting and pruning heads, figures, studies, benchmarks;
 5. the pretrained encoder and what uses it, the notebooks' checks, and the package's ``__init__``.
@@ -29,55 +34,62 @@ MAX_FUNCTION_LINES = 60
 # __init__.py. An entry for a subpackage ("checks") covers every module in it.
 LAYERS = {
     "device": 0,
-    # 1. core attention
-    "attention": 1,
-    "masks": 1,
-    "heads": 1,
-    "mha": 1,
-    "rope": 1,
-    "flash": 1,
-    "flash_triton": 1,
-    "kv_cache": 1,
-    "gqa": 1,
-    "variants": 1,
-    "_validate": 1,
-    "_validate_masks": 1,
-    "_validate_rope": 1,
-    "_validate_cache": 1,
-    # 2. tiny models
-    "blocks": 2,
-    "model": 2,
-    "_validate_model": 2,
-    # 3. tasks and training
-    "task_base": 3,
-    "tasks": 3,
-    "train": 3,
-    "_validate_training": 3,
-    "_validate_experiments": 3,
-    # 4. inspecting and pruning heads, figures, studies, benchmarks
-    "pruning": 4,
-    "maps": 4,
-    "viz": 4,
-    "head_stats": 4,
-    "_head_patterns": 4,
-    "figures": 4,
-    "mask_viz": 4,
-    "mha_figures": 4,
-    "length_study": 4,
-    "gqa_study": 4,
+    "figures": 0,
+    # the subpackages' __init__ files (docstrings; bench re-exports its measuring tools)
+    "core": 1,
+    "modern": 1,
+    "models": 2,
+    "analysis": 4,
     "bench": 4,
-    "bench_report": 4,
-    "bench_decode": 4,
-    "bench_flash": 4,
+    "pretrained": 5,
+    # 1. core attention
+    "core.attention": 1,
+    "core.masks": 1,
+    "core.heads": 1,
+    "core.mha": 1,
+    "core.rope": 1,
+    "modern.flash": 1,
+    "modern.flash_triton": 1,
+    "core.kv_cache": 1,
+    "modern.gqa": 1,
+    "core.variants": 1,
+    "core._validate": 1,
+    "core._validate_masks": 1,
+    "core._validate_rope": 1,
+    "core._validate_cache": 1,
+    # 2. tiny models
+    "models.blocks": 2,
+    "models.model": 2,
+    "models._validate_model": 2,
+    # 3. tasks and training
+    "models.task_base": 3,
+    "models.tasks": 3,
+    "models.train": 3,
+    "models._validate_training": 3,
+    "models._validate_experiments": 3,
+    # 4. inspecting and pruning heads, figures, studies, benchmarks
+    "analysis.pruning": 4,
+    "analysis.maps": 4,
+    "analysis.viz": 4,
+    "analysis.head_stats": 4,
+    "analysis._head_patterns": 4,
+    "analysis.mask_viz": 4,
+    "analysis.mha_figures": 4,
+    "modern.length_study": 4,
+    "modern.gqa_study": 4,
+    "bench.attention": 4,
+    "bench.report": 4,
+    "bench.decode": 4,
+    "bench.flash": 4,
     # 5. pretrained models, the notebooks' checks, the package
-    "bert": 5,
-    "_validate_bert": 5,
-    "minilm": 5,
-    "bert_heads": 5,
-    "retrieval": 5,
-    "_retrieval_score": 5,
-    "retrieval_study": 5,
-    "_validate_pretrained": 5,
+    "pretrained.bert": 5,
+    "pretrained._validate_bert": 5,
+    "pretrained.minilm": 5,
+    "pretrained.bert_heads": 5,
+    "pretrained.retrieval": 5,
+    "pretrained._retrieval_score": 5,
+    "pretrained.retrieval_study": 5,
+    "pretrained._validate_pretrained": 5,
     "checks": 5,
     "__init__": 5,
 }
@@ -217,12 +229,12 @@ def graph(sources) -> dict[str, dict[str, int]]:
 def test_the_graph_holds_the_imports_that_count_and_only_those(graph):
     """The reader itself, on imports whose answer is known: top-level, lazy (inside a function), a subpackage's
     relative one, and one under ``if TYPE_CHECKING:``, which never runs and so does not count."""
-    assert "attention" in graph["mha"]  # from .attention import DotProductAttention, at the top
-    assert "flash_triton" in graph["bench_flash"]  # only inside a function, when triton is there
-    assert "pruning" in graph["checks.nb07"]  # from .. import pruning
+    assert "core.attention" in graph["core.mha"]  # from .attention import DotProductAttention, at the top
+    assert "modern.flash_triton" in graph["bench.flash"]  # only inside a function, when triton is there
+    assert "analysis.pruning" in graph["checks.nb07"]  # from ..analysis import pruning
     assert "checks._common" in graph["checks.nb01"]  # from ._common import ...
-    assert "model" not in graph["blocks"]  # only under TYPE_CHECKING
-    assert {"mha", "model", "train", "tasks", "bert"} <= set(graph["__init__"])
+    assert "models.model" not in graph["models.blocks"]  # only under TYPE_CHECKING
+    assert {"core.mha", "models.model", "models.train", "models.tasks", "pretrained.bert"} <= set(graph["__init__"])
 
 
 def test_no_import_cycle(graph):
@@ -232,6 +244,32 @@ def test_no_import_cycle(graph):
         f"blocks do not): {found}. Edges inside them: "
         + "; ".join(f"{v} -> {sorted(w for w in graph[v] if w in c)}" for c in found for v in c)
     )
+
+
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The import graph between the package's parts: a module ``core.mha`` belongs to ``core``; a top-level module
+    (``device``, ``figures``, ``__init__``) is a part of its own."""
+    part = lambda name: name.split(".")[0]  # noqa: E731
+    parts: dict[str, dict[str, int]] = {}
+    for name, edges in graph.items():
+        out = parts.setdefault(part(name), {})
+        for target, line in edges.items():
+            if part(target) != part(name):
+                out.setdefault(part(target), line)
+    return parts
+
+
+def test_the_parts_import_each_other_without_a_cycle(graph):
+    """Not only modules: the subpackages too form no cycle, so each part can be read knowing only those below it."""
+    parts = package_graph(graph)
+    assert set(parts) >= {"core", "modern", "models", "analysis", "pretrained", "bench", "checks"}
+    assert not cycles(parts), f"cycles between the package's parts: {cycles(parts)}"
+    assert set(parts["core"]) <= {"device"}, f"the core imports {sorted(parts['core'])}; it may import nothing above"
+
+
+def test_the_top_level_holds_only_the_entry_and_the_tools():
+    flat = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert flat == ["__init__.py", "device.py", "figures.py"], f"modules outside a part: {flat}"
 
 
 def test_every_module_has_a_layer_and_every_layer_entry_a_module(graph):

@@ -316,7 +316,7 @@ def test_search_finds_a_function(site, browser):
 
 def test_api_page_documents_the_package(browser, show):
     show("api.html")
-    signature = browser.find_element("css selector", "dt[id='mha_tutorial.mha.MultiHeadAttention']")
+    signature = browser.find_element("css selector", "dt[id='mha_tutorial.core.mha.MultiHeadAttention']")
     assert "MultiHeadAttention" in signature.text
     docstring = signature.find_element("xpath", "following-sibling::dd").text
     assert "Multi-head attention with per-head weights" in docstring

@@ -1,0 +1,6 @@
+"""A real pretrained model opened with the series' own code (notebook 09).
+
+- ``bert``: a BERT-style encoder built from ``core.MultiHeadAttention``; ``minilm``: loading all-MiniLM-L6-v2's
+  weights (sha256 checked) and its tokenizer; ``bert_heads``: what its heads attend to;
+- ``retrieval``, ``retrieval_study``: sentence retrieval and which heads it needs.
+"""
