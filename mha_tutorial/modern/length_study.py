@@ -253,6 +253,7 @@ def plot_study(study, live=None):
     right.set(xlabel="first position (runs of 3-8 letters)", xticks=list(STARTS))
     right.set(title="trained runs, at later positions")
     left.plot([], [], color="0.3", ls="--", lw=1, label="chance (1/24)")
+    left.plot([], [], color="0.3", lw=0.6, alpha=0.5, label="one seed (thin lines)")
     fig.legend(*left.get_legend_handles_labels(), loc="outside right upper", fontsize=9)
     return fig
 

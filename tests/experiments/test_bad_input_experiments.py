@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mha_tutorial import ModelConfig, build_model, get_task, load_pretrained, load_split, random_orders
+from mha_tutorial import ModelConfig, build_model, get_task, load_pretrained, load_split, random_orders, train
 from mha_tutorial.analysis import head_stats, pruning, viz
-from mha_tutorial.models import train
 from mha_tutorial.models.train import TrainSettings
 from mha_tutorial.pretrained import bert_heads, retrieval
 
