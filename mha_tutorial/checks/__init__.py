@@ -39,7 +39,7 @@ from .nb09 import check_ablation_change, check_accuracy_at_1, check_sep_share
 from .nb10 import check_merge_states, check_tile_gradients
 from .nb11 import check_cache_size, check_cached_forward, check_chunk_step
 from .nb12 import check_half_layout_weights, check_rope_half, check_rotary_step
-from .nb13 import check_group_spread, check_pool_kv_heads
+from .nb13 import check_group_spread, check_grouped_attention, check_pool_kv_heads
 
 __all__ = [
     "CheckFailed",
@@ -91,5 +91,6 @@ __all__ = [
     "check_rotary_step",
     "check_half_layout_weights",
     "check_pool_kv_heads",
+    "check_grouped_attention",
     "check_group_spread",
 ]

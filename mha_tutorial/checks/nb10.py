@@ -6,9 +6,12 @@ once; the cases include an empty block (m = -inf) on either side and scores larg
 the maximum. Typical slips (no rescaling, the rescale's sign, rescaling ℓ but not a, NaN from an empty block) are
 named.
 
-Exercise 2: the gradients of one tile of attention from its saved output and log-sum-exp, without autograd. The
-reference is autograd through a float64 softmax; autograd itself is refused. Typical slips (no 1/√d, D from dP
-instead of dO ⊙ O, no D at all, transposed products) are named.
+Exercise 2: the tiled backward pass, a loop over blocks of keys from the saved output and log-sum-exp, causal
+masks with Q != K included. The reference is autograd through dense float64 attention; autograd and the package's
+passes are refused, and so is any tensor the size of the whole (Q, K) weights (the point is one tile at a time).
+Typical slips (weights normalised within a tile instead of e^(S - L), no D, D from dP, dQ overwritten instead of
+accumulated across key blocks, the mask missing or top-left, no 1/√d, NaN for a query with no visible key) are
+named.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..modern import flash
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
@@ -115,51 +119,112 @@ _AUTOGRAD = {
     torch.autograd.backward: "backward() (autograd computes the gradient for you)",
     torch.Tensor.backward: "backward() (autograd computes the gradient for you)",
     torch.func.vjp: "torch.func.vjp (autograd computes the gradient for you)",
+}
+_PACKAGE_PASSES = {
     flash.flash_backward: "mha_tutorial.modern.flash.flash_backward (the package's version of this exercise)",
+    flash.flash_attention: "mha_tutorial.modern.flash.flash_attention (the package's tiles, with autograd)",
+    flash.FlashAttentionFunction.backward: "the package's FlashAttentionFunction.backward",
 }
 
 
-def _tile_reference(q, k, v, d_out):
+class _WatchShapes(TorchDispatchMode):
+    """Notes the first float tensor an operation returns whose last two axes are (Q, K) or (K, Q): the weights."""
+
+    def __init__(self, Q: int, K: int):
+        super().__init__()
+        self.banned, self.seen = {(Q, K), (K, Q)}, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for x in result if isinstance(result, tuple | list) else (result,):
+            whole = isinstance(x, torch.Tensor) and x.is_floating_point() and tuple(x.shape[-2:]) in self.banned
+            if self.seen is None and whole:
+                self.seen = tuple(x.shape)
+        return result
+
+
+def _backward_variant(q, k, v, out, lse, d_out, block, is_causal, slip=""):  # noqa: PLR0913 (the exercise's arguments)
+    """The tiled backward in float64, right when ``slip`` is empty, else with that one typical mistake."""
+    (*_, Q, d), K = q.shape, k.shape[-2]
+    scale = 1.0 if slip == "no scale" else 1 / math.sqrt(d)
+    L = lse.masked_fill(lse == -math.inf, 0.0)[..., None]  # (B, H, Q, 1): a query that sees no key has P = 0
+    D = (d_out * out).sum(-1, keepdim=True)  # (B, H, Q, 1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    rows = torch.arange(Q)[:, None]  # (Q, 1)
+    offset = 0 if slip == "top-left" else K - Q
+    for k0 in range(0, K, block):
+        k_b, v_b = k[..., k0 : k0 + block, :], v[..., k0 : k0 + block, :]  # (B, H, b, d), (B, H, b, dv)
+        s = q @ k_b.transpose(-2, -1) / math.sqrt(d)  # (B, H, Q, b)
+        if is_causal and slip != "no mask":
+            s = s.masked_fill(torch.arange(k0, k0 + k_b.shape[-2]) > rows + offset, -math.inf)
+        p = torch.softmax(s, -1).nan_to_num(0.0) if slip == "local" else torch.exp(s - L)  # (B, H, Q, b)
+        dp = d_out @ v_b.transpose(-2, -1)  # (B, H, Q, b)
+        dd = {"no D": 0.0, "D from dP": dp.sum(-1, keepdim=True)}.get(slip, D)
+        ds = p * (dp - dd)  # (B, H, Q, b)
+        dv[..., k0 : k0 + block, :] = p.transpose(-2, -1) @ d_out
+        dk[..., k0 : k0 + block, :] = ds.transpose(-2, -1) @ q * scale
+        dq = ds @ k_b * scale if slip == "dq overwritten" else dq + ds @ k_b * scale
+    return dq, dk, dv
+
+
+_BACKWARD_SLIPS = {
+    "local": "each tile's weights were normalised within the tile (a softmax over its b keys); the weights are "
+    "e^(S − L) with the saved L, the log-sum-exp over all keys, so that tiles need no rescaling",
+    "no D": "no D: dS = P ⊙ dP forgets the softmax Jacobian's second term; subtract D = rowsum(dO ⊙ O), one number "
+    "per query",
+    "D from dP": "D taken as rowsum(dP) of the tile; it is rowsum(dO ⊙ O) over the whole output",
+    "dq overwritten": "dQ holds only the last block of keys: every block of keys adds its dS K_b / √d to dQ (+=), "
+    "while dK and dV of a block come from that block alone",
+    "no mask": "the causal mask is missing: hide the same keys as the forward pass (score -inf, so P = 0)",
+    "top-left": "the causal mask is aligned top-left (j <= i); the forward's is bottom-right, j <= i + K - Q",
+    "no scale": "dQ and dK are missing the 1/√d of the scores",
+}
+
+
+def _masked_reference(q, k, v, d_out, is_causal):
+    """Autograd through dense float64 attention; a query that sees no key gets output 0 and no gradient."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    out = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), -1) @ v
-    return torch.autograd.grad(out, (q, k, v), d_out)
+    (*_, Q, d), K = q.shape, k.shape[-2]
+    keep = torch.arange(K) <= torch.arange(Q)[:, None] + (K - Q) if is_causal else torch.ones(Q, K, dtype=bool)
+    any_key = keep.any(-1, keepdim=True)  # (Q, 1)
+    s = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~keep, -math.inf)  # (B, H, Q, K)
+    p = torch.softmax(torch.where(any_key, s, 0.0), -1) * any_key  # (B, H, Q, K)
+    return torch.autograd.grad(p @ v, (q, k, v), d_out)
 
 
 @friendly
 def check_tile_gradients(fn) -> None:
-    """``fn(q, k, v, out, lse, d_out)`` for one head: q (Q, d), k (K, d), v (K, dv) -> (dq, dk, dv)."""
-    cases = [(5, 7, 4, 3), (6, 3, 8, 5)]  # (Q, K, d, dv): Q != K, so swapped products fail on shape or value
-    for seed, (Q, K, d, dv) in enumerate(cases):
-        g = torch.Generator().manual_seed(100 + seed)
-        q, k = torch.randn(Q, d, generator=g, dtype=_DT), torch.randn(K, d, generator=g, dtype=_DT)
-        v, d_out = torch.randn(K, dv, generator=g, dtype=_DT), torch.randn(Q, dv, generator=g, dtype=_DT)
-        scores = q @ k.T / math.sqrt(d)  # (Q, K)
-        lse = torch.logsumexp(scores, -1)  # (Q,)
-        p = torch.exp(scores - lse[:, None])  # (Q, K)
-        out = p @ v  # (Q, dv)
-        case = f"Q={Q}, K={K}, d={d}, dv={dv}"
-        with refusing(_AUTOGRAD):
-            got = call(fn, q.clone(), k.clone(), v.clone(), out.clone(), lse.clone(), d_out.clone(), case=case)
+    """``fn(q, k, v, out, lse, d_out, block, is_causal)``: q (B, H, Q, d), k (B, H, K, d), v (B, H, K, dv) -> dq, dk, dv."""
+    cases = [(1, 2, 6, 9, 4, 3, 4, False), (1, 2, 6, 9, 4, 3, 4, True), (2, 1, 7, 5, 4, 3, 2, True)]
+    for seed, (B, H, Q, K, d, dv, block, is_causal) in enumerate(cases):
+        g = torch.Generator().manual_seed(200 + seed)
+        q, k = torch.randn(B, H, Q, d, generator=g, dtype=_DT), torch.randn(B, H, K, d, generator=g, dtype=_DT)
+        v, d_out = torch.randn(B, H, K, dv, generator=g, dtype=_DT), torch.randn(B, H, Q, dv, generator=g, dtype=_DT)
+        out, lse = flash.flash_forward(q, k, v, flash.Tiling(is_causal=is_causal, block_k=block))
+        case = f"Q={Q}, K={K}, blocks of {block} keys, " + ("causal" if is_causal else "no mask")
+        watch = _WatchShapes(Q, K)
+        with refusing(_AUTOGRAD | _PACKAGE_PASSES), watch:
+            args = (x.clone() for x in (q, k, v, out, lse, d_out))
+            got = call(fn, *args, block, is_causal, case=case)
+        if watch.seen is not None:
+            raise CheckFailed(
+                f"{case}: your function built a tensor of shape {watch.seen}, scores or weights for the whole (Q, K); work one "
+                "(Q, block) tile of keys at a time, as tiled_forward does"
+            )
         if not isinstance(got, tuple | list) or len(got) != 3:
             raise CheckFailed(f"{case}: return a tuple (dq, dk, dv), got {type(got).__name__}")
-        expected = _tile_reference(q, k, v, d_out)
-        dp = d_out @ v.T  # (Q, K)
-        wrong_d = {
-            "D taken as rowsum(dP); it is rowsum(P ⊙ dP) = rowsum(dO ⊙ O)": p * (dp - dp.sum(-1, keepdim=True)),
-            "no D: dS = P ⊙ dP forgets that raising one weight lowers the others (the softmax Jacobian)": p * dp,
-        }
-        ds = p * (dp - (d_out * out).sum(-1, keepdim=True))  # (Q, K)
-        for name, exp_, got_ in zip(("dq", "dk", "dv"), expected, got, strict=True):
+        expected = _masked_reference(q, k, v, d_out, is_causal)
+        data = (q, k, v, out, lse, d_out, block, is_causal)
+        for i, (name, exp_, got_) in enumerate(zip(("dq", "dk", "dv"), expected, got, strict=True)):
             label = f"{case}, {name}"
             actual = expect_tensor(got_, label)
             expect_shape(actual, exp_.shape, label)
-            mistakes = []
-            if name == "dq":
-                mistakes += [(f"{w}", x @ k / math.sqrt(d)) for w, x in wrong_d.items()]
-                mistakes.append(("dQ is missing the 1/√d of the scores", ds @ k))
-            else:
-                mistakes += [(f"{w}", x.T @ q / math.sqrt(d)) for w, x in wrong_d.items()]
-                mistakes.append(("dK is missing the 1/√d of the scores", ds.T @ q))
-            diagnose(actual.detach().double(), exp_, mistakes, label, atol=1e-9, rtol=1e-9)
+            if torch.isnan(actual).any():
+                raise CheckFailed(
+                    f"{label}: NaN. A query that sees no key has L = -inf, and S - L is -inf - (-inf); replace an L "
+                    "of -inf by 0 before subtracting (its scores are all -inf, so its P is 0)"
+                )
+            slips = ((why, _backward_variant(*data, slip=slip)[i]) for slip, why in _BACKWARD_SLIPS.items())
+            diagnose(actual.detach().double(), exp_, slips, label, atol=1e-9, rtol=1e-9)
     passed("check_tile_gradients", len(cases))
-    print("  Your prediction: dV = Pᵀ dO needs no D; D enters through dS, which dQ and dK both use.")
+    print("  The answer: dV = Pᵀ dO needs no D; D enters through dS, which dQ and dK both use.")

@@ -10,6 +10,11 @@ Exercise 2: how much mean pooling throws away: per group, the mean over its head
 The reference is plain loops (the Frobenius norm too); ``gqa._grouped_rows`` is refused so that the learner forms
 the group means. Interleaved groups, no normalisation, normalising by ||M_j||, the max over a group, the mean of all
 heads as the centre, squared ratios and one number per head are named.
+
+Exercise 3: grouped-query attention on (B, H, T, d) queries and (B, H_kv, S, d) keys and values without copying
+the K/V heads. The reference is a loop over the query heads; the package's attention and PyTorch's SDPA are
+refused, and so are repeat_interleave and repeat. Tiled heads (h % H_kv), heads merged back in the wrong order, no
+or the wrong scaling and a softmax over the queries are named.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import math
 
 import torch
 
+from ..core import attention
+from ..core.mha import MultiHeadAttention
 from ..modern import gqa
 from ._common import CheckFailed, call, diagnose, expect_close, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_group_spread", "check_pool_kv_heads"]
+__all__ = ["check_group_spread", "check_grouped_attention", "check_pool_kv_heads"]
 
 _DT = torch.float64
 _TOL = dict(atol=1e-12, rtol=1e-10)
@@ -294,3 +301,97 @@ def check_group_spread(fn) -> None:
             **tol,
         )
     passed("check_group_spread", len(cases))
+
+
+# =====================================================================================================
+# Exercise 3: grouped-query attention without copying the K/V heads
+# =====================================================================================================
+def _grouped(q, k, v, *, tiled=False, scale="sqrt", softmax_dim=-1):
+    """Head by head (B, H, T, d): query head h attends with K/V head h // G (``tiled``: h % H_kv, the slip)."""
+    H, H_kv, d = q.shape[1], k.shape[1], q.shape[-1]
+    out = []
+    for h in range(H):
+        j = h % H_kv if tiled else h // (H // H_kv)
+        scores = q[:, h] @ k[:, j].transpose(-1, -2) / {"sqrt": math.sqrt(d), "none": 1.0, "d": d}[scale]  # (B, T, S)
+        out.append(scores.softmax(softmax_dim) @ v[:, j])  # (B, T, d)
+    return torch.stack(out, dim=1)  # (B, H, T, d)
+
+
+def _grouped_mistakes(q, k, v):
+    G = q.shape[1] // k.shape[1]
+    right = _grouped(q, k, v)
+    yield (
+        "query head h read K/V head h % H_kv: the heads were tiled, what `repeat` (or q.unflatten(1, (G, H_kv))) "
+        f"gives, while {_GROUPS}: group the query axis as (H_kv, G), K/V head first",
+        _grouped(q, k, v, tiled=True),
+    )
+    yield (
+        "every head is right but they come back in the wrong order: merge the (H_kv, G) axes back into H in that "
+        "order (head h = j*G + g), not as (G, H_kv)",
+        right.unflatten(1, (-1, G)).transpose(1, 2).flatten(1, 2),
+    )
+    yield ("the scores are not scaled: divide q k^T by sqrt(d)", _grouped(q, k, v, scale="none"))
+    yield ("the scores are divided by d: divide by sqrt(d)", _grouped(q, k, v, scale="d"))
+    yield (
+        "the softmax runs over the queries (dim=-2): each query's weights over the keys must sum to 1 (dim=-1)",
+        _grouped(q, k, v, softmax_dim=-2),
+    )
+
+
+def _grouped_shape(B, H, H_kv, T, d):
+    def otherwise(actual, expected, case):
+        shape, G = tuple(actual.shape), H // H_kv
+        if shape != tuple(expected.shape):
+            why = {
+                (B, H_kv, G, T, d): ": merge (H_kv, G) back into H, e.g. .flatten(1, 2)",
+                (B, H_kv, G * T, d): ": unflatten G*T into (G, T), then merge (H_kv, G) into H",
+                (B, T, H, d): ": keep the heads on axis 1, (B, H, T, d), as the queries came",
+            }.get(shape, "")
+            raise CheckFailed(f"{case}: the result has shape {shape}, expected {tuple(expected.shape)}{why}")
+        expect_close(actual, expected, case, **_TOL)
+
+    return otherwise
+
+
+_GROUPED_CASES = [  # (B, H, H_kv, T, S, d): T queries, S keys
+    (2, 4, 2, 3, 5, 4),
+    (1, 6, 2, 2, 4, 3),
+    (2, 4, 1, 3, 6, 2),
+    (1, 6, 3, 1, 7, 4),
+    (2, 3, 3, 2, 3, 2),
+]
+_COPIES = "copies the K/V heads G times; the exercise is to pair each K/V head with its G query heads without a copy"
+
+
+_GROUPED_REFUSED = {
+    attention.scaled_dot_product_attention: "the package's scaled_dot_product_attention",
+    attention.masked_softmax: "the package's masked_softmax",
+    MultiHeadAttention.forward: "the package's MultiHeadAttention",
+    MultiHeadAttention._repeat_kv_heads: f"the package's _repeat_kv_heads, which {_COPIES}",
+}
+_GROUPED_REFUSED_C = {
+    "scaled_dot_product_attention": "PyTorch's scaled_dot_product_attention (write the scores and softmax)",
+    "repeat_interleave": f"repeat_interleave, which {_COPIES}",
+    "repeat": f"repeat, which {_COPIES}",
+}
+
+
+@friendly
+@torch.no_grad()
+def check_grouped_attention(fn) -> None:
+    """``fn(q, k, v)``: q (B, H, T, d), k and v (B, H_kv, S, d) -> (B, H, T, d), query head h reading K/V head h // G."""
+    g = torch.Generator().manual_seed(133)
+    for B, H, H_kv, T, S, d in _GROUPED_CASES:
+        case = f"q ({B}, {H}, {T}, {d}), k and v ({B}, {H_kv}, {S}, {d}): H = {H}, H_kv = {H_kv}, G = {H // H_kv}"
+        q = torch.randn(B, H, T, d, generator=g, dtype=_DT)
+        k, v = (2 * torch.randn(B, H_kv, S, d, generator=g, dtype=_DT) for _ in range(2))
+        given = q.clone(), k.clone(), v.clone()
+        with refusing(_GROUPED_REFUSED, _GROUPED_REFUSED_C):
+            got = expect_tensor(call(fn, *given, case=case), case)
+        if not all(torch.equal(a, b) for a, b in zip(given, (q, k, v), strict=True)):
+            raise CheckFailed(f"{case}: your function changed q, k or v in place; return a new tensor")
+        if got.dtype != _DT:
+            raise CheckFailed(f"{case}: the result is {got.dtype}, expected {_DT}: keep the inputs' dtype")
+        mistakes = _grouped_mistakes(q, k, v)
+        diagnose(got, _grouped(q, k, v), mistakes, case, otherwise=_grouped_shape(B, H, H_kv, T, d), **_TOL)
+    passed("check_grouped_attention", len(_GROUPED_CASES))

@@ -68,54 +68,82 @@ def test_merge_mistakes_are_named(fn, fragment):
     fails_with(checks.check_merge_states, fn, fragment)
 
 
-def grads_right(q, k, v, out, lse, d_out):
-    p = torch.exp(q @ k.T / math.sqrt(q.shape[-1]) - lse[:, None])  # (Q, K): the weights, recomputed
-    dp = d_out @ v.T  # (Q, K)
-    ds = p * (dp - (d_out * out).sum(-1, keepdim=True))  # (Q, K)
-    scale = 1 / math.sqrt(q.shape[-1])
-    return ds @ k * scale, ds.T @ q * scale, p.T @ d_out
+def tiled_backward(q, k, v, out, lse, d_out, block, is_causal, slip=None):  # noqa: PLR0913
+    """The learner's loop (right when ``slip`` is None), written independently of the check's own variants."""
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    lse_safe = lse[..., None] if slip == "no guard" else torch.where(torch.isinf(lse), 0.0, lse)[..., None]
+    big_d = (d_out * out).sum(-1, keepdim=True)  # (B, H, Q, 1)
+    dq, dks, dvs = torch.zeros_like(q), [], []
+    for start in range(0, n_k, block):
+        k_b, v_b = k[..., start : start + block, :], v[..., start : start + block, :]
+        s = q @ k_b.transpose(-2, -1) / math.sqrt(d)  # (B, H, Q, b)
+        if is_causal and slip != "no mask":
+            shift = 0 if slip == "top-left" else n_k - n_q
+            hidden = torch.arange(start, start + k_b.shape[-2])[None, :] > torch.arange(n_q)[:, None] + shift
+            s = s.masked_fill(hidden, -math.inf)
+        p = torch.exp(s - (s.logsumexp(-1, keepdim=True) if slip == "local" else lse_safe))
+        p = p.nan_to_num(0.0) if slip == "local" else p
+        dp = d_out @ v_b.transpose(-2, -1)
+        sub = {"no D": 0.0, "D from dP": dp.sum(-1, keepdim=True)}.get(slip, big_d)
+        ds = p * (dp - sub)
+        scale = 1.0 if slip == "no scale" else 1 / math.sqrt(d)
+        dvs.append(p.transpose(-2, -1) @ d_out)
+        dks.append(ds.transpose(-2, -1) @ q * scale)
+        dq = ds @ k_b * scale if slip == "dq overwritten" else dq + ds @ k_b * scale
+    return dq, torch.cat(dks, -2), torch.cat(dvs, -2)
 
 
 def test_tile_gradients_right_answer_passes(capsys):
-    checks.check_tile_gradients(grads_right)
+    checks.check_tile_gradients(tiled_backward)
     out = capsys.readouterr().out
-    assert "✓ check_tile_gradients: passed on 2 cases" in out and "dV = Pᵀ dO needs no D" in out
+    assert "✓ check_tile_gradients: passed on 3 cases" in out and "The answer: dV = Pᵀ dO needs no D" in out
 
 
-def _autograd(q, k, v, out, lse, d_out):
+def _autograd(q, k, v, out, lse, d_out, block, is_causal):
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
-    o = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), -1) @ v
+    o = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
     return torch.autograd.grad(o, (q, k, v), d_out)
 
 
-def _package(q, k, v, out, lse, d_out):
-    from mha_tutorial.modern.flash import flash_backward
+def _package_backward(q, k, v, out, lse, d_out, block, is_causal):
+    from mha_tutorial.modern.flash import Tiling, flash_backward
 
-    grads = flash_backward(*(x[None, None] for x in (q, k, v, out, lse, d_out)))
-    return tuple(g[0, 0] for g in grads)
+    return flash_backward(q, k, v, out, lse, d_out, Tiling(is_causal=is_causal, block_k=block))
 
 
-def _variant(change):
-    def fn(q, k, v, out, lse, d_out):
-        p = torch.exp(q @ k.T / math.sqrt(q.shape[-1]) - lse[:, None])
-        dp = d_out @ v.T
-        scale = 1 / math.sqrt(q.shape[-1])
-        ds = change(p, dp, (d_out * out).sum(-1, keepdim=True))
-        return ds @ k * (scale if change is not None else 1), ds.T @ q * scale, p.T @ d_out
+def _package_attention(q, k, v, out, lse, d_out, block, is_causal):
+    from mha_tutorial.modern.flash import flash_attention
 
-    return fn
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    return torch.autograd.grad(flash_attention(q, k, v, is_causal=is_causal, block_k=block), (q, k, v), d_out)
+
+
+def _dense(q, k, v, out, lse, d_out, block, is_causal):  # right numbers, but the whole (Q, K) weights at once
+    return tiled_backward(q, k, v, out, lse, d_out, k.shape[-2], is_causal)
+
+
+def _slip(name):
+    return lambda *a: tiled_backward(*a, slip=name)
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (_autograd, "torch.autograd.grad"),
-        (_package, "flash_backward"),
-        (_variant(lambda p, dp, D: p * dp), "no D"),
-        (_variant(lambda p, dp, D: p * (dp - dp.sum(-1, keepdim=True))), "rowsum(dP)"),
-        (lambda *a: (grads_right(*a)[0] * math.sqrt(a[0].shape[-1]), *grads_right(*a)[1:]), "dQ is missing the 1/√d"),
-        (lambda *a: (grads_right(*a)[0], grads_right(*a)[1] * math.sqrt(a[0].shape[-1]), grads_right(*a)[2]), "dK is"),
-        (lambda *a: (grads_right(*a)[0], grads_right(*a)[1], a[5] @ a[2][: a[5].shape[1]]), "wrong shape"),
+        (_autograd, "autograd computes the gradient"),
+        (_package_backward, "flash_backward"),
+        (_package_attention, "flash_attention"),
+        (_dense, "for the whole (Q, K)"),
+        (_slip("local"), "normalised within the tile"),
+        (_slip("no D"), "no D"),
+        (_slip("D from dP"), "rowsum(dP)"),
+        (_slip("dq overwritten"), "dQ holds only the last block"),
+        (_slip("no mask"), "causal mask is missing"),
+        (_slip("top-left"), "aligned top-left"),
+        (_slip("no scale"), "missing the 1/√d"),
+        (_slip("no guard"), "NaN. A query that sees no key has L = -inf"),
+        (lambda *a: tiled_backward(*a)[:2], "return a tuple (dq, dk, dv)"),
+        (lambda *a: (tiled_backward(*a)[0], tiled_backward(*a)[1], a[2]), "wrong values"),
+        (lambda *a: (*tiled_backward(*a)[:2], tiled_backward(*a)[2][..., :2]), "wrong shape"),
     ],
 )
 def test_tile_gradient_mistakes_are_named(fn, fragment):

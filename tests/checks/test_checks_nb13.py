@@ -282,3 +282,160 @@ def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, 
     monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
     fails_with(checks.check_pool_kv_heads, stub, "not attempted")
     fails_with(checks.check_group_spread, stub, "not attempted")
+
+
+# Exercise 3: grouped-query attention without copying the K/V heads.
+
+
+def grouped_loop(q, k, v, dim=-1):
+    """Query head by query head: head h reads K/V head h // G, with its own softmax (over ``dim``)."""
+    G = q.shape[1] // k.shape[1]
+    heads = []
+    for h in range(q.shape[1]):
+        w = torch.softmax(q[:, h] @ k[:, h // G].transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=dim)  # (B, T, S)
+        heads.append(w @ v[:, h // G])  # (B, T, d)
+    return torch.stack(heads, 1)
+
+
+def grouped_rows(q, k, v, *, order="groups", scale="sqrt", dim=-1, merge=True):
+    """The queries of a group laid end to end: (B, H_kv, G*T, d) against (B, H_kv, S, d); no K/V copy."""
+    B, H, T, d = q.shape
+    H_kv = k.shape[1]
+    if order == "tiled":  # query head h = g*H_kv + j in group j: the slip of `repeat`
+        grouped = q.unflatten(1, (-1, H_kv)).transpose(1, 2)  # (B, H_kv, G, T, d)
+    else:
+        grouped = q.unflatten(1, (H_kv, -1))  # (B, H_kv, G, T, d)
+    rows = grouped.flatten(2, 3)  # (B, H_kv, G*T, d)
+    scores = rows @ k.transpose(-1, -2) / {"sqrt": math.sqrt(d), "none": 1.0}[scale]  # (B, H_kv, G*T, S)
+    out = (scores.softmax(dim) @ v).unflatten(2, (-1, T))  # (B, H_kv, G, T, d)
+    if order == "tiled":
+        out = out.transpose(1, 2)
+    elif order == "swapped":
+        out = out.transpose(1, 2)  # (B, G, H_kv, T, d): merged back in the wrong order
+    return out.flatten(1, 2) if merge else out
+
+
+def grouped_broadcast(q, k, v):
+    """(B, H_kv, G, T, d) queries against (B, H_kv, 1, S, d) keys: broadcasting instead of copying."""
+    qg = q.unflatten(1, (k.shape[1], -1))  # (B, H_kv, G, T, d)
+    w = (qg @ k.unsqueeze(2).transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1)  # (B, H_kv, G, T, S)
+    return (w @ v.unsqueeze(2)).flatten(1, 2)
+
+
+@pytest.mark.parametrize("fn", [grouped_loop, grouped_rows, grouped_broadcast], ids=["loop", "rows", "broadcast"])
+def test_grouped_right_answers_pass(fn, capsys):
+    checks.nb13.check_grouped_attention(fn)
+    assert "✓ check_grouped_attention: passed on 5 cases" in capsys.readouterr().out
+
+
+def tiled_by_repeat_free_indexing(q, k, v):  # the `repeat` mapping written with an index: h -> h % H_kv
+    idx = torch.arange(q.shape[1]) % k.shape[1]
+    return grouped_loop(q, k[:, idx], v[:, idx]) if k.shape[1] > 1 else grouped_loop(q, k, v)
+
+
+def in_place_grouped(q, k, v):
+    q.mul_(1.0)
+    k.add_(1.0)
+    return grouped_loop(q, k - 1.0, v)
+
+
+@pytest.mark.parametrize(
+    "fn, fragments",
+    [
+        (lambda q, k, v: grouped_rows(q, k, v, order="tiled"), ["h % H_kv", "repeat", "(H_kv, G)"]),
+        (tiled_by_repeat_free_indexing, ["h % H_kv"]),
+        (lambda q, k, v: grouped_rows(q, k, v, order="swapped"), ["wrong order", "j*G + g"]),
+        (lambda q, k, v: grouped_rows(q, k, v, scale="none"), ["not scaled", "sqrt(d)"]),
+        (lambda q, k, v: grouped_rows(q / math.sqrt(q.shape[-1]), k, v), ["divided by d"]),
+        (lambda q, k, v: grouped_loop(q, k, v, dim=-2), ["over the queries", "dim=-1"]),
+        (lambda q, k, v: grouped_rows(q, k, v, merge=False), ["(H_kv, G) back into H"]),
+        (lambda q, k, v: grouped_rows(q, k, v, merge=False).flatten(2, 3), ["unflatten G*T"]),
+        (lambda q, k, v: grouped_loop(q, k, v).transpose(1, 2), ["heads on axis 1"]),
+        (lambda q, k, v: grouped_loop(q, k, v).float(), ["torch.float32", "dtype"]),
+        (in_place_grouped, ["in place"]),
+        (lambda q, k, v: grouped_loop(q, k, v) * 1.001, ["wrong values"]),
+        (lambda q, k, v: (grouped_loop(q, k, v),), ["expected a tensor"]),
+    ],
+    ids=["tiled", "tiled-index", "swapped", "unscaled", "over-d", "softmax-queries", "unmerged", "rows-unmerged",
+         "transposed", "dtype", "in-place", "other", "tuple"],
+)  # fmt: skip
+def test_grouped_mistakes_are_named(fn, fragments):
+    fails_with(checks.nb13.check_grouped_attention, fn, *fragments)
+
+
+def via_torch_sdpa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def via_package_sdpa(q, k, v):
+    G = q.shape[1] // k.shape[1]
+    k, v = (t[:, :, None].expand(-1, -1, G, -1, -1).flatten(1, 2) for t in (k, v))  # (B, H, S, d), a copy
+    return mt.scaled_dot_product_attention(q, k, v)[0]
+
+
+def via_repeat_interleave(q, k, v):
+    G = q.shape[1] // k.shape[1]
+    return grouped_loop(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1))
+
+
+def via_repeat(q, k, v):  # repeat, then reordered into the right grouping: still a copy
+    B, H_kv, S, d = k.shape
+    G = q.shape[1] // H_kv
+    k, v = (t.repeat(1, 1, G, 1).view(B, H_kv * G, S, d) for t in (k, v))
+    return grouped_loop(q, k, v)
+
+
+def via_layer_repeat(q, k, v):
+    layer = mt.MultiHeadAttention(q.shape[1] * q.shape[-1], q.shape[1], num_kv_heads=k.shape[1])
+    return grouped_loop(q, layer._repeat_kv_heads(k), layer._repeat_kv_heads(v))
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (via_torch_sdpa, "PyTorch's scaled_dot_product_attention"),
+        (via_package_sdpa, "the package's scaled_dot_product_attention"),
+        (via_repeat_interleave, "repeat_interleave, which copies"),
+        (via_repeat, "repeat, which copies"),
+        (via_layer_repeat, "_repeat_kv_heads"),
+    ],
+    ids=["torch-sdpa", "package-sdpa", "repeat_interleave", "repeat", "layer"],
+)
+def test_grouped_refuses_copies_and_the_package(fn, fragment):
+    fails_with(checks.nb13.check_grouped_attention, fn, fragment, "write that step yourself")
+
+
+@given(
+    batch=st.integers(1, 2),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 3),
+    queries=st.integers(1, 3),
+    keys=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_the_checks_grouped_reference_agrees_with_pytorch_and_the_package(batch, kv_heads, group, queries, keys, seed):
+    """The check's loop reference, PyTorch's SDPA(enable_gqa=True) and the package's layer agree in float64."""
+    g = torch.Generator().manual_seed(seed)
+    H, d = kv_heads * group, 4
+    q = torch.randn(batch, H, queries, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, kv_heads, keys, d, generator=g, dtype=torch.float64) for _ in range(2))
+    ours = nb13._grouped(q, k, v)
+    torch.testing.assert_close(ours, via_torch_sdpa(q, k, v), atol=1e-12, rtol=1e-10)
+    layer = mt.MultiHeadAttention(H * d, H, num_kv_heads=kv_heads).double()
+    x = torch.randn(batch, queries, H * d, generator=g, dtype=torch.float64)
+    mem = torch.randn(batch, keys, H * d, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        qp = layer.W_q(x).unflatten(-1, (H, d)).transpose(1, 2)
+        kp, vp = (w(mem).unflatten(-1, (kv_heads, d)).transpose(1, 2) for w in (layer.W_k, layer.W_v))
+        expected = layer(x, mem, mem)
+        torch.testing.assert_close(layer.W_o(nb13._grouped(qp, kp, vp).transpose(1, 2).flatten(2)), expected)
+
+
+def test_unattempted_grouped_attention_is_reported(monkeypatch, capsys):
+    def stub(*args):
+        raise NotImplementedError("Exercise 3: not written yet")
+
+    checks.nb13.check_grouped_attention(stub)
+    assert "not attempted yet" in capsys.readouterr().out
+    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
+    fails_with(checks.nb13.check_grouped_attention, stub, "not attempted")

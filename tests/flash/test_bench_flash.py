@@ -51,7 +51,7 @@ def test_ratios_divide_by_the_reference_at_the_same_pass_and_length():
     assert bench_flash.ratios(rows) == [("forward", 8, "tiled", 2.5)]
 
 
-@pytest.mark.parametrize("module", ["bench_flash", "bench_decode"])
+@pytest.mark.parametrize("module", ["bench.flash", "bench.decode"])
 def test_help_prints_and_exits_cleanly(module, capsys):
     import importlib
 
