@@ -113,6 +113,17 @@ def _change(split: str, n: int | None, off: tuple) -> tuple[float, float]:  # ga
     return acc - acc0, loss - loss0
 
 
+@functools.cache
+def _loss_change(split: str, off: tuple) -> float:  # the loss alone, gated minus full, on every pair of ``split``
+    from ..pretrained.retrieval import retrieval_loss
+
+    pairs, gates = list(_split_pairs(split)), torch.ones(6, 12)  # (layers, heads) of all-MiniLM-L6-v2
+    for l, h in off:
+        gates[l, h] = 0.0
+    with torch.no_grad():
+        return retrieval_loss(_model(), pairs, gates).item() - retrieval_loss(_model(), pairs).item()
+
+
 def _ablation_mistakes(layer: int, head: int, n: int):
     acc, loss = _change("eval", n, ((layer, head),))
     yield "the changes have the wrong sign: return ablated minus full (a lost retrieval is negative)", (-acc, -loss)
@@ -125,7 +136,7 @@ def _ablation_mistakes(layer: int, head: int, n: int):
     )
     if head < 6:
         yield "swapped layer and head: head_mask is indexed [layer, head]", _change("eval", n, ((head, layer),))
-    loss_imp = _change("importance", None, ((layer, head),))[1]
+    loss_imp = _loss_change("importance", ((layer, head),))
     yield "measured the loss on the importance pairs; score both metrics on the pairs you are given", (acc, loss_imp)
 
 

@@ -13,7 +13,8 @@ from mha_tutorial.bench import attention as bench
 
 def test_quick_cli_writes_table_csv_and_plot(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "mha_tutorial.bench", "attention", "--quick", "--threads", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "mha_tutorial.bench", "attention", "--quick", "--threads", "1", "--out", str(tmp_path)]
+        + ["--seq", "32", "64", "--min-run-time", "0.01"],  # the CLI end to end; --quick's sizes take longer
         capture_output=True,
         text=True,
         timeout=300,
