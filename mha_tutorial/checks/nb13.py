@@ -13,7 +13,8 @@ heads as the centre, squared ratios and one number per head are named.
 
 Exercise 3: grouped-query attention on (B, H, T, d) queries and (B, H_kv, S, d) keys and values without copying
 the K/V heads. The reference is a loop over the query heads; the package's attention and PyTorch's SDPA are
-refused, and so are repeat_interleave and repeat. Tiled heads (h % H_kv), heads merged back in the wrong order, no
+refused, and so are repeat_interleave and repeat, and any tensor the learner's function creates shaped like K or V
+with H heads, (B, H, S, d) or its transpose (an expand-and-reshape, cat or stack copy). Tiled heads (h % H_kv), heads merged back in the wrong order, no
 or the wrong scaling and a softmax over the queries are named.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import attention
 from ..core.mha import MultiHeadAttention
@@ -71,27 +73,19 @@ def _pool_mistakes(x, H, H_kv, what):
     """(what is wrong, what it computes) for the slips of exercise 1 on x (H*d, ...), computed as far as needed."""
     d, G = x.shape[0] // H, H // H_kv
     right = _pool(x, H, H_kv)  # (H_kv*d, ...)
-    yield (
-        f"the {what} came back unpooled, with all H*d rows: return H_kv*d rows, one block of d per group",
-        x,
-    )
+    yield (f"the {what} came back unpooled, with all H*d rows: return H_kv*d rows, one block of d per group",
+           x)  # fmt: skip
     yield (
         f"the {what}'s groups are interleaved (heads j, j + H_kv, j + 2 H_kv, ...: h % H_kv, the grouping of "
         f"repeat): {_GROUPS}",
         _pool(x, H, H_kv, interleaved=True),
     )
-    yield (
-        f"the {what}'s heads are summed: take the mean of each group's G heads (divide by G)",
-        _pool(x, H, H_kv, how="sum"),
-    )
-    yield (
-        f"the {what} holds each group's first head: mean pooling averages all G heads of the group",
-        _pool(x, H, H_kv, how="first"),
-    )
-    yield (
-        f"every group of the {what} is the mean of all H heads: average each group's own G heads only",
-        torch.cat([sum(_blocks(x, H)) / H] * H_kv),
-    )
+    yield (f"the {what}'s heads are summed: take the mean of each group's G heads (divide by G)",
+           _pool(x, H, H_kv, how="sum"))  # fmt: skip
+    yield (f"the {what} holds each group's first head: mean pooling averages all G heads of the group",
+           _pool(x, H, H_kv, how="first"))  # fmt: skip
+    yield (f"every group of the {what} is the mean of all H heads: average each group's own G heads only",
+           torch.cat([sum(_blocks(x, H)) / H] * H_kv))  # fmt: skip
     yield (
         f"the {what}: you averaged G neighbouring rows, unflatten(0, (H_kv, d, G)): head h owns the d consecutive "
         "rows h*d .. (h+1)*d - 1, so a group is G whole blocks of d rows: unflatten(0, (H_kv, G, d)), then average "
@@ -137,10 +131,7 @@ _POOL_CASES = [
     ("W (8, 4), b (8,): H = 4 heads of d = 2 -> H_kv = 4 (G = 1: nothing to pool)", 4, 4, 2, 4),
 ]
 
-_POOL_REFUSED = {
-    gqa.mha_to_gqa: "the package's gqa.mha_to_gqa",
-    gqa._grouped_rows: "the package's gqa._grouped_rows",
-}
+_POOL_REFUSED = {gqa.mha_to_gqa: "the package's gqa.mha_to_gqa", gqa._grouped_rows: "the package's gqa._grouped_rows"}
 
 
 def _pooled_pair(got, case):
@@ -204,10 +195,8 @@ def _spread(weight, H, H_kv, *, interleaved=False, scale="own", reduce="mean", c
 
 
 def _spread_mistakes(weight, H, H_kv):
-    yield (
-        f"the groups are interleaved (heads j, j + H_kv, ...: h % H_kv): {_GROUPS}",
-        _spread(weight, H, H_kv, interleaved=True),
-    )
+    yield (f"the groups are interleaved (heads j, j + H_kv, ...: h % H_kv): {_GROUPS}",
+           _spread(weight, H, H_kv, interleaved=True))  # fmt: skip
     yield (
         "the distances are not normalised: divide ||W_h - M_j||_F by ||W_h||_F, the head's own size, so that the "
         "spread is a fraction (0: the head is its group's mean)",
@@ -218,10 +207,8 @@ def _spread_mistakes(weight, H, H_kv):
         "(two heads W and -W have the mean 0)",
         _spread(weight, H, H_kv, scale="mean"),
     )
-    yield (
-        "you took the largest ratio of each group: average the G ratios of its heads",
-        _spread(weight, H, H_kv, reduce="max"),
-    )
+    yield ("you took the largest ratio of each group: average the G ratios of its heads",
+           _spread(weight, H, H_kv, reduce="max"))  # fmt: skip
     yield (
         "you measured each head's distance to the mean of all H heads: the centre is its own group's mean M_j, "
         "the block that mean pooling puts in its place",
@@ -232,10 +219,8 @@ def _spread_mistakes(weight, H, H_kv):
         "(torch.linalg.matrix_norm, or .norm(dim=(-2, -1)))",
         _spread(weight, H, H_kv, power=2),
     )
-    yield (
-        "one number per head, (H,): average the ratios of each group's G heads, one number per group (H_kv,)",
-        _spread(weight, H, H_kv, reduce="head"),
-    )
+    yield ("one number per head, (H,): average the ratios of each group's G heads, one number per group (H_kv,)",
+           _spread(weight, H, H_kv, reduce="head"))  # fmt: skip
 
 
 def _spread_cases(g):
@@ -332,10 +317,8 @@ def _grouped_mistakes(q, k, v):
     )
     yield ("the scores are not scaled: divide q k^T by sqrt(d)", _grouped(q, k, v, scale="none"))
     yield ("the scores are divided by d: divide by sqrt(d)", _grouped(q, k, v, scale="d"))
-    yield (
-        "the softmax runs over the queries (dim=-2): each query's weights over the keys must sum to 1 (dim=-1)",
-        _grouped(q, k, v, softmax_dim=-2),
-    )
+    yield ("the softmax runs over the queries (dim=-2): each query's weights over the keys must sum to 1 (dim=-1)",
+           _grouped(q, k, v, softmax_dim=-2))  # fmt: skip
 
 
 def _grouped_shape(B, H, H_kv, T, d):
@@ -376,6 +359,21 @@ _GROUPED_REFUSED_C = {
 }
 
 
+class _WatchCopies(TorchDispatchMode):
+    """Notes the first float tensor an operation returns shaped like K or V with H heads: (B, H, S, d) or (B, H, d, S)."""
+
+    def __init__(self, B: int, H: int, S: int, d: int):
+        super().__init__()
+        self.banned, self.seen = {(B, H, S, d), (B, H, d, S)}, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for x in result if isinstance(result, tuple | list) else (result,):
+            if self.seen is None and isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape in self.banned:
+                self.seen = tuple(x.shape)
+        return result
+
+
 @friendly
 @torch.no_grad()
 def check_grouped_attention(fn) -> None:
@@ -386,8 +384,12 @@ def check_grouped_attention(fn) -> None:
         q = torch.randn(B, H, T, d, generator=g, dtype=_DT)
         k, v = (2 * torch.randn(B, H_kv, S, d, generator=g, dtype=_DT) for _ in range(2))
         given = q.clone(), k.clone(), v.clone()
-        with refusing(_GROUPED_REFUSED, _GROUPED_REFUSED_C):
+        watch = _WatchCopies(B, H, S, d)  # the cases have T != S, so no query-shaped tensor matches
+        with refusing(_GROUPED_REFUSED, _GROUPED_REFUSED_C), watch:
             got = expect_tensor(call(fn, *given, case=case), case)
+        if watch.seen is not None and H > H_kv:  # with G = 1, k itself has that shape
+            raise CheckFailed(f"{case}: your function built a tensor of shape {watch.seen}, K or V with all H query "
+                              "heads: a G-fold copy. Pair each K/V head with its G query heads instead")  # fmt: skip
         if not all(torch.equal(a, b) for a, b in zip(given, (q, k, v), strict=True)):
             raise CheckFailed(f"{case}: your function changed q, k or v in place; return a new tensor")
         if got.dtype != _DT:

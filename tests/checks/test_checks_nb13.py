@@ -328,9 +328,12 @@ def test_grouped_right_answers_pass(fn, capsys):
     assert "✓ check_grouped_attention: passed on 5 cases" in capsys.readouterr().out
 
 
-def tiled_by_repeat_free_indexing(q, k, v):  # the `repeat` mapping written with an index: h -> h % H_kv
-    idx = torch.arange(q.shape[1]) % k.shape[1]
-    return grouped_loop(q, k[:, idx], v[:, idx]) if k.shape[1] > 1 else grouped_loop(q, k, v)
+def tiled_by_repeat_free_indexing(q, k, v):  # the `repeat` mapping written head by head: h -> h % H_kv, no copy
+    heads = []
+    for h in range(q.shape[1]):
+        k_h, v_h = k[:, h % k.shape[1]], v[:, h % k.shape[1]]  # (B, S, d)
+        heads.append(torch.softmax(q[:, h] @ k_h.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v_h)
+    return torch.stack(heads, 1)  # (B, H, T, d)
 
 
 def in_place_grouped(q, k, v):
@@ -383,6 +386,57 @@ def via_repeat(q, k, v):  # repeat, then reordered into the right grouping: stil
     G = q.shape[1] // H_kv
     k, v = (t.repeat(1, 1, G, 1).view(B, H_kv * G, S, d) for t in (k, v))
     return grouped_loop(q, k, v)
+
+
+def via_expand_reshape(q, k, v):  # expand is a view, but reshape materialises it: a G-fold copy
+    B, H_kv, S, d = k.shape
+    G = q.shape[1] // H_kv
+    return grouped_loop(q, *(t[:, :, None].expand(B, H_kv, G, S, d).reshape(B, -1, S, d) for t in (k, v)))
+
+
+def via_cat(q, k, v):
+    G = q.shape[1] // k.shape[1]
+    return grouped_loop(q, *(torch.cat([t[:, :, None]] * G, dim=2).flatten(1, 2) for t in (k, v)))
+
+
+def via_stack(q, k, v):
+    G = q.shape[1] // k.shape[1]
+    return grouped_loop(q, *(torch.stack([t] * G, dim=2).flatten(1, 2) for t in (k, v)))
+
+
+def via_transposed_copy(q, k, v):  # only k^T copied, (B, H, d, S): still a G-fold copy
+    G = q.shape[1] // k.shape[1]
+    kt = k.transpose(-1, -2)[:, :, None].expand(-1, -1, G, -1, -1).reshape(q.shape[0], q.shape[1], *kt_shape(k))
+    w = (q @ kt / math.sqrt(q.shape[-1])).softmax(-1)  # (B, H, T, S)
+    return (w.unflatten(1, (k.shape[1], G)) @ v.unsqueeze(2)).flatten(1, 2)
+
+
+def kt_shape(k):
+    return k.shape[-1], k.shape[-2]
+
+
+@pytest.mark.parametrize("fn", [via_expand_reshape, via_cat, via_stack, via_transposed_copy],
+                         ids=["expand-reshape", "cat", "stack", "transposed"])  # fmt: skip
+def test_grouped_refuses_materialised_copies(fn):
+    fails_with(checks.nb13.check_grouped_attention, fn, "G-fold copy")
+
+
+def grouped_rows_noncontiguous(q, k, v):  # reshaping a non-contiguous q copies q, not K/V: allowed
+    return grouped_rows(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)
+
+
+def grouped_expand_view(q, k, v):  # expand without materialising: broadcasting through @ (a view of k and v)
+    B, H_kv, S, d = k.shape
+    G = q.shape[1] // H_kv
+    ke, ve = (t[:, :, None].expand(B, H_kv, G, S, d) for t in (k, v))  # (B, H_kv, G, S, d): views
+    w = (q.unflatten(1, (H_kv, G)) @ ke.transpose(-1, -2) / math.sqrt(d)).softmax(-1)  # (B, H_kv, G, T, S)
+    return (w @ ve).flatten(1, 2)
+
+
+@pytest.mark.parametrize("fn", [grouped_rows_noncontiguous, grouped_expand_view], ids=["noncontiguous-q", "expand"])
+def test_grouped_views_pass(fn, capsys):
+    checks.nb13.check_grouped_attention(fn)
+    assert "✓ check_grouped_attention: passed on 5 cases" in capsys.readouterr().out
 
 
 def via_layer_repeat(q, k, v):
