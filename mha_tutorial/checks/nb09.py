@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import numbers
 from pathlib import Path
 
@@ -89,11 +90,12 @@ class _Watched(list):
         return super().__getitem__(index)
 
 
-def _scores(pairs, gates=None) -> tuple[float, float]:  # (accuracy@1, loss) of the check's MiniLM on pairs
+def _scores(pairs, gates=None, loss_only=False) -> tuple[float, float]:  # (accuracy@1 or NaN, loss) of MiniLM
     from ..pretrained.retrieval import retrieval_accuracy, retrieval_loss
 
     with torch.no_grad():
-        return retrieval_accuracy(_model(), pairs, head_mask=gates), retrieval_loss(_model(), pairs, gates).item()
+        acc = math.nan if loss_only else retrieval_accuracy(_model(), pairs, head_mask=gates)
+        return acc, retrieval_loss(_model(), pairs, gates).item()
 
 
 @functools.cache
@@ -104,24 +106,12 @@ def _split_pairs(split: str, n: int | None = None) -> tuple:
 
 
 @functools.cache
-def _change(split: str, n: int | None, off: tuple) -> tuple[float, float]:  # gated minus full, ``off`` gates at 0
-    pairs = list(_split_pairs(split, n))
-    gates = torch.ones(6, 12)  # (layers, heads) of all-MiniLM-L6-v2
+def _change(split: str, n: int | None, off: tuple, loss_only: bool = False) -> tuple[float, float]:  # gated - full
+    pairs, gates = list(_split_pairs(split, n)), torch.ones(6, 12)  # (layers, heads) of all-MiniLM-L6-v2
     for l, h in off:
         gates[l, h] = 0.0
-    (acc, loss), (acc0, loss0) = _scores(pairs, gates), _scores(pairs)
+    (acc, loss), (acc0, loss0) = _scores(pairs, gates, loss_only), _scores(pairs, None, loss_only)
     return acc - acc0, loss - loss0
-
-
-@functools.cache
-def _loss_change(split: str, off: tuple) -> float:  # the loss alone, gated minus full, on every pair of ``split``
-    from ..pretrained.retrieval import retrieval_loss
-
-    pairs, gates = list(_split_pairs(split)), torch.ones(6, 12)  # (layers, heads) of all-MiniLM-L6-v2
-    for l, h in off:
-        gates[l, h] = 0.0
-    with torch.no_grad():
-        return retrieval_loss(_model(), pairs, gates).item() - retrieval_loss(_model(), pairs).item()
 
 
 def _ablation_mistakes(layer: int, head: int, n: int):
@@ -136,7 +126,7 @@ def _ablation_mistakes(layer: int, head: int, n: int):
     )
     if head < 6:
         yield "swapped layer and head: head_mask is indexed [layer, head]", _change("eval", n, ((head, layer),))
-    loss_imp = _loss_change("importance", ((layer, head),))
+    loss_imp = _change("importance", None, ((layer, head),), loss_only=True)[1]
     yield "measured the loss on the importance pairs; score both metrics on the pairs you are given", (acc, loss_imp)
 
 
