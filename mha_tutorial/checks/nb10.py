@@ -1,10 +1,11 @@
 """Checks for the exercises of notebook 10 (FlashAttention from scratch).
 
-Exercise 1: merge the running states (m, ℓ, a) of two disjoint blocks of keys into the state of their union, the
-step that lets blocks be processed in any order or in parallel. The reference is the softmax over both blocks at
-once; the cases include an empty block (m = -inf) on either side and scores large enough to overflow exp without
-the maximum. Typical slips (no rescaling, the rescale's sign, rescaling ℓ but not a, NaN from an empty block) are
-named.
+Exercise 1: merge the results of S splits of the keys, each given as its output O_s and log-sum-exp L_s (what
+flash-decoding's parallel splits return), into the output and log-sum-exp of all the keys. The reference is the
+softmax over every key at once; the cases include splits in which a query sees no key (L_s = -inf), a query that
+no split shows anything, an empty split arriving first, and scores near 1000 (e^L overflows). Typical slips (equal
+weights, no weights, weights not normalised, the sign flipped, L_s as a weight, L as max or sum of the L_s, NaN
+from -inf - (-inf)) are named; the package's forward passes are refused.
 
 Exercise 2: the tiled backward pass, a loop over blocks of keys from the saved output and log-sum-exp, causal
 masks with Q != K included. The reference is autograd through dense float64 attention; autograd and the package's
@@ -16,6 +17,7 @@ named.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -29,88 +31,110 @@ __all__ = ["check_merge_states", "check_tile_gradients"]
 _DT = torch.float64
 
 
-def _state(scores: torch.Tensor, values: torch.Tensor):
-    """(m, ℓ, a) of one block: scores (N, b), values (b, dv) -> (N,), (N,), (N, dv); an empty block gives -inf, 0, 0."""
-    if scores.shape[-1] == 0:
-        n = scores.shape[0]
-        return (
-            torch.full((n,), -math.inf, dtype=_DT),
-            torch.zeros(n, dtype=_DT),
-            torch.zeros(n, values.shape[-1], dtype=_DT),
-        )
-    m = scores.amax(-1)  # (N,)
-    p = torch.exp(scores - m[:, None])  # (N, b)
-    return m, p.sum(-1), p @ values
+def _split_state(scores: torch.Tensor, values: torch.Tensor):
+    """(O, L) of one split: scores (N, b), -inf for a hidden key; values (b, dv) -> (N, dv), (N,); no key: 0, -inf."""
+    lse = torch.logsumexp(scores, -1) if scores.shape[-1] else torch.full(scores.shape[:1], -math.inf, dtype=_DT)
+    lse_safe = lse.masked_fill(lse == -math.inf, 0.0)[:, None]  # (N, 1): the split's scores are all -inf there
+    return torch.exp(scores - lse_safe) @ values, lse
 
 
 def _merge_cases():
-    """(case, scores (N, K), split): a block of keys [0, split) and one [split, K)."""
+    """(case, scores (N, K) with -inf for a hidden key, the splits' sizes in the order they arrive)."""
     g = torch.Generator().manual_seed(10)
+    hidden = torch.randn(3, 9, generator=g, dtype=_DT)
+    hidden[0, 4:] = -math.inf  # query 0 sees no key of the last two splits
+    nobody = torch.randn(3, 6, generator=g, dtype=_DT)
+    nobody[1] = -math.inf  # query 1 sees no key at all
     return [
-        ("3 queries, 8 keys split 3 + 5", torch.randn(3, 8, generator=g, dtype=_DT) * 2, 3),
-        ("scores near 1000 (exp overflows without the maximum)", 1000 + torch.randn(2, 6, generator=g, dtype=_DT), 4),
-        ("an empty first block (m1 = -inf)", torch.randn(2, 5, generator=g, dtype=_DT), 0),
-        ("an empty second block (m2 = -inf)", torch.randn(2, 5, generator=g, dtype=_DT), 5),
-        ("the second block holds the largest score", torch.tensor([[0.0, 1.0, 9.0, 2.0]], dtype=_DT), 2),
-        ("both blocks empty (no key at all)", torch.zeros(2, 0, dtype=_DT), 0),
+        ("3 splits of 2, 3 and 4 keys", torch.randn(3, 9, generator=g, dtype=_DT) * 2, (2, 3, 4)),
+        ("one split only", torch.randn(2, 5, generator=g, dtype=_DT), (5,)),
+        ("4 splits, scores near 1000 (e^L overflows)", 1000 + 3 * torch.randn(2, 10, generator=g, dtype=_DT), (1, 4, 2, 3)),
+        ("query 0 sees no key of the last two splits (L = -inf there)", hidden, (4, 3, 2)),
+        ("an empty split arrives first", torch.randn(2, 5, generator=g, dtype=_DT), (0, 2, 3)),
+        ("query 1 sees no key in any split", nobody, (3, 3)),
+    ]  # fmt: skip
+
+
+def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor):
+    """(what went wrong, the output that slip gives) for the splits' outs (S, N, dv) and lses (S, N)."""
+    top = lses.amax(0)  # (N,)
+    w = torch.exp(lses - top.masked_fill(top == -math.inf, 0.0))  # (S, N): e^(L_s - max L_s), 0 for an empty split
+    flipped = torch.exp(top[None] - lses).nan_to_num(0.0, 0.0, 0.0)  # e^(max L_s - L_s): the sign flipped
+    linear = lses.nan_to_num(0.0, 0.0, 0.0)  # the L_s themselves as weights
+    return [
+        ("averaged the splits' outputs with equal weights: a split whose keys score higher holds more of the "
+         "softmax; weight each O_s by its share e^(L_s - L)", outs.mean(0)),
+        ("added the splits' outputs without weights: each O_s is normalised over its own keys only, so weight "
+         "each by its share e^(L_s - L) of the union's softmax", outs.sum(0)),
+        ("weighted each O_s by e^(L_s - max L_s) but did not divide by the weights' sum: the shares must add "
+         "up to 1", (w[..., None] * outs).sum(0)),
+        ("the weights have their sign flipped: split s holds e^(L_s - L) of the union, at most 1, larger for "
+         "a larger L_s", (flipped[..., None] * outs).sum(0) / flipped.sum(0).clamp_min(1e-300)[:, None]),
+        ("weighted each O_s by L_s; L_s is a logarithm: the weight is e^(L_s - L)",
+         (linear[..., None] * outs).sum(0) / linear.sum(0)[:, None]),
+    ]  # fmt: skip
+
+
+def _lse_mistakes(lses: torch.Tensor):
+    return [
+        ("L is the largest L_s; the union's L is the log of the summed e^(L_s), log Σ_s e^(L_s)", lses.amax(0)),
+        ("L is the sum of the L_s; the union's L is the log of the summed e^(L_s), log Σ_s e^(L_s)", lses.sum(0)),
     ]
+
+
+def _check_merged(out, lse, outs, lses, scores, values, case):  # noqa: PLR0913 (what one comparison needs)
+    expect_shape(out, (scores.shape[0], values.shape[-1]), case)
+    expect_shape(lse, (scores.shape[0],), case)
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        raise CheckFailed(
+            f"{case}: NaN. Where every split has L_s = -inf, L_s - L is -inf - (-inf); replace an L (or maximum) of "
+            "-inf by 0 before subtracting, as section 3's m_safe does, so that each weight is e^(-inf) = 0"
+        )
+    if not torch.isfinite(out).all():
+        raise CheckFailed(
+            f"{case}: inf in the output. e^(L_s) overflows for large scores; subtract the largest L_s first"
+        )
+    expected_lse = torch.logsumexp(scores, -1)  # (N,): -inf where no split shows a key
+    empty = expected_lse == -math.inf
+    if not bool(((lse == -math.inf) == empty).all()):
+        raise CheckFailed(f"{case}: L must be -inf for a query that sees no key in any split, and finite elsewhere")
+    lse_safe = expected_lse.masked_fill(empty, 0.0)[:, None]
+    expected = torch.exp(scores - lse_safe) @ values  # (N, dv): attention over every key at once, 0 with none
+    diagnose(out.double(), expected, _merge_mistakes(outs, lses), f"{case} (the merged output)", atol=1e-9, rtol=1e-9)
+    mistakes = [(why, wrong.masked_fill(empty, 0.0)) for why, wrong in _lse_mistakes(lses)]
+    what = f"{case} (L, the union's log-sum-exp)"
+    diagnose(
+        lse.double().masked_fill(empty, 0.0),
+        expected_lse.masked_fill(empty, 0.0),
+        mistakes,
+        what,
+        atol=1e-9,
+        rtol=1e-12,
+    )
+
+
+_FORWARD_PASSES = {
+    flash.flash_forward: "mha_tutorial.modern.flash.flash_forward (the scores are not given: merge the splits)",
+    flash.flash_attention: "mha_tutorial.modern.flash.flash_attention (the scores are not given: merge the splits)",
+}
 
 
 @friendly
 def check_merge_states(fn) -> None:
-    """``fn(m1, l1, a1, m2, l2, a2)`` -> (m, l, a) of the union of the two blocks; shapes (N,), (N,), (N, dv)."""
+    """``fn(outs, lses)``: the splits' outputs (S, N, dv) and log-sum-exps (S, N) -> (out (N, dv), lse (N,))."""
     g = torch.Generator().manual_seed(11)
-    cases = list(_merge_cases())
-    for case, scores, split in cases:
-        values = torch.randn(scores.shape[-1], 5, generator=g, dtype=_DT)  # (K, dv): dv = 5, unlike any N
-        s1, s2 = _state(scores[:, :split], values[:split]), _state(scores[:, split:], values[split:])
-        with refusing({}, {"softmax": "a softmax (the scores are not given: merge the two states)"}):
-            got = call(fn, *(x.clone() for x in (*s1, *s2)), case=case)
-        if not isinstance(got, tuple | list) or len(got) != 3:
-            raise CheckFailed(f"{case}: return a tuple (m, l, a), got {type(got).__name__}")
-        m, ell, a = (expect_tensor(x, case) for x in got)
-        expect_shape(a, (scores.shape[0], 5), case)
-        if scores.shape[-1] == 0:  # nothing to attend to: the union is empty too
-            if torch.isnan(m).any() or torch.isnan(ell).any() or torch.isnan(a).any():
-                raise CheckFailed(
-                    f"{case}: NaN. With both maxima -inf, m_block - m is -inf - (-inf); replace an m of -inf by 0 "
-                    "before subtracting (section 3's m_safe), so that each factor is e^(-inf) = 0"
-                )
-            if not (bool((m == -math.inf).all()) and not ell.abs().max() and not a.abs().max()):
-                raise CheckFailed(f"{case}: expected m = -inf, l = 0 and a = 0, got m {m}, l {ell}")
-            continue
-        if not (torch.isfinite(a).all() and torch.isfinite(ell).all()):
-            raise CheckFailed(
-                f"{case}: NaN or inf. Take m = max(m1, m2) first and rescale each block by e^(m_block - m), which is "
-                "at most 1 (e^1000 overflows), and 0 for an empty block, whose m_block is -inf"
-            )
-        top = scores.amax(-1)  # (N,): the largest score of both blocks
-        diagnose(m.double(), top, [], f"{case} (m, the largest score of both blocks)", atol=1e-12, rtol=0)
-        r1, r2 = torch.exp(s1[0] - top), torch.exp(s2[0] - top)  # (N,): each block's rescale, 0 for an empty one
-        unscaled = (s1[2] + s2[2]) / (s1[1] + s2[1])[:, None]
-        f1, f2 = torch.exp(top - s1[0]), torch.exp(top - s2[0])  # the rescale with its sign flipped
-        flipped = (s1[2] * f1[:, None] + s2[2] * f2[:, None]) / (s1[1] * f1 + s2[1] * f2)[:, None]
-        mistakes = [
-            ("added the two states without rescaling: each block's ℓ and a are relative to its own maximum, so "
-             "multiply each by e^(m_block - m) first", unscaled),
-            ("rescaled ℓ but not a: both sums are relative to the block's maximum",
-             (s1[2] + s2[2]) / (s1[1] * r1 + s2[1] * r2)[:, None]),
-            ("rescaled a but not ℓ: both sums are relative to the block's maximum",
-             (s1[2] * r1[:, None] + s2[2] * r2[:, None]) / (s1[1] + s2[1])[:, None]),
-            ("the rescale has its sign flipped: multiply by e^(m_block - m), which is at most 1", flipped),
-        ]  # fmt: skip
-        expected = torch.softmax(scores, -1) @ values  # (N, dv): attention over both blocks at once
-        ratio = a.double() / ell.double()[:, None]
-        diagnose(ratio, expected, mistakes, f"{case} (a / ℓ, the attention output)", atol=1e-9, rtol=1e-9)
-        expected_ell = torch.exp(scores - top[:, None]).sum(-1)
-        ell_mistakes = [
-            ("the rescale has its sign flipped: multiply by e^(m_block - m), which is at most 1",
-             s1[1] * f1 + s2[1] * f2),
-            ("ℓ is relative to 0, not to the maximum: a / ℓ comes out right here, but e^score overflows for large "
-             "scores; keep ℓ and a relative to m", torch.exp(scores).sum(-1)),
-        ]  # fmt: skip
-        what = f"{case} (ℓ, relative to the merged maximum m)"
-        diagnose(ell.double(), expected_ell, ell_mistakes, what, atol=1e-9, rtol=1e-9)
+    cases = _merge_cases()
+    for case, scores, sizes in cases:
+        values = torch.randn(scores.shape[-1], 5, generator=g, dtype=_DT)  # (K, dv): dv = 5, unlike any S or N
+        edges = [0, *itertools.accumulate(sizes)]
+        states = [_split_state(scores[:, a:b], values[a:b]) for a, b in itertools.pairwise(edges)]
+        outs, lses = torch.stack([o for o, _ in states]), torch.stack([lse for _, lse in states])  # (S, N, dv), (S, N)
+        with refusing(_FORWARD_PASSES):
+            got = call(fn, outs.clone(), lses.clone(), case=case)
+        if not isinstance(got, tuple | list) or len(got) != 2:
+            raise CheckFailed(f"{case}: return a tuple (out, lse), got {type(got).__name__}")
+        out, lse = (expect_tensor(x, case) for x in got)
+        _check_merged(out, lse, outs, lses, scores, values, case)
     passed("check_merge_states", len(cases))
 
 

@@ -12,17 +12,23 @@ from mha_tutorial import checks
 from testkit import fails_with
 
 
-def merge_right(m1, l1, a1, m2, l2, a2):
-    m = torch.maximum(m1, m2)  # (N,)
-    m_safe = m.masked_fill(m == -math.inf, 0.0)  # both blocks empty: avoid -inf - (-inf)
-    r1, r2 = torch.exp(m1 - m_safe), torch.exp(m2 - m_safe)  # (N,): 0 for an empty block
-    return m, l1 * r1 + l2 * r2, a1 * r1[:, None] + a2 * r2[:, None]
+def merge_right(outs, lses):  # outs (S, N, dv), lses (S, N): a fold over the splits, written apart from the check
+    out, lse = torch.zeros_like(outs[0]), torch.full_like(lses[0], -math.inf)
+    for o_s, l_s in zip(outs, lses, strict=True):
+        new = torch.logaddexp(lse, l_s)  # (N,): -inf only while nothing has been seen
+        new_safe = new.masked_fill(new == -math.inf, 0.0)
+        out = out * torch.exp(lse - new_safe)[:, None] + o_s * torch.exp(l_s - new_safe)[:, None]
+        lse = new
+    return out, lse
 
 
-def merge_without_m_safe(m1, l1, a1, m2, l2, a2):
-    m = torch.maximum(m1, m2)
-    r1, r2 = torch.exp(m1 - m), torch.exp(m2 - m)
-    return m, l1 * r1 + l2 * r2, a1 * r1[:, None] + a2 * r2[:, None]
+def _weights(lses):  # e^(L_s - L) through torch.logsumexp, with no guard for a query that no split shows
+    return torch.exp(lses - torch.logsumexp(lses, 0))[..., None]
+
+
+def _top(lses):
+    top = lses.amax(0)
+    return top.masked_fill(top == -math.inf, 0.0)
 
 
 def test_merge_right_answer_passes(capsys):
@@ -30,42 +36,61 @@ def test_merge_right_answer_passes(capsys):
     assert "✓ check_merge_states: passed on 6 cases" in capsys.readouterr().out
 
 
+def test_merge_softmax_weights_with_a_guard_pass(capsys):  # another right way: the weights are a softmax over splits
+    def fn(outs, lses):
+        seen = torch.isfinite(lses).any(0)  # (N,)
+        w = torch.softmax(lses.masked_fill(~seen, 0.0), 0) * seen  # (S, N)
+        return (w[..., None] * outs).sum(0), torch.logsumexp(lses, 0)
+
+    checks.check_merge_states(fn)
+    assert "passed on 6 cases" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda m1, l1, a1, m2, l2, a2: (torch.maximum(m1, m2), l1 + l2, a1 + a2), "without rescaling"),
+        (lambda outs, lses: (outs.mean(0), merge_right(outs, lses)[1]), "equal weights"),
+        (lambda outs, lses: (outs.sum(0), merge_right(outs, lses)[1]), "without weights"),
         (
-            lambda m1, l1, a1, m2, l2, a2: (
-                torch.maximum(m1, m2),
-                l1 * torch.exp(m1 - torch.maximum(m1, m2)) + l2 * torch.exp(m2 - torch.maximum(m1, m2)),
-                a1 + a2,
-            ),
-            "rescaled ℓ but not a",
+            lambda outs, lses: ((torch.exp(lses - _top(lses))[..., None] * outs).sum(0), merge_right(outs, lses)[1]),
+            "did not divide",
         ),
         (
-            lambda m1, l1, a1, m2, l2, a2: (
-                torch.maximum(m1, m2),
-                l1 * torch.exp(torch.maximum(m1, m2) - m1) + l2 * torch.exp(torch.maximum(m1, m2) - m2),
-                a1 * torch.exp(torch.maximum(m1, m2) - m1)[:, None]
-                + a2 * torch.exp(torch.maximum(m1, m2) - m2)[:, None],
+            lambda outs, lses: (
+                (torch.exp(-lses) / torch.exp(-lses).sum(0))[..., None].mul(outs).sum(0).nan_to_num(0.0),
+                merge_right(outs, lses)[1],
             ),
             "sign flipped",
         ),
+        (lambda outs, lses: ((lses / lses.sum(0))[..., None].mul(outs).sum(0), merge_right(outs, lses)[1]), "by L_s"),
+        (lambda outs, lses: (merge_right(outs, lses)[0], lses.amax(0)), "largest L_s"),
+        (lambda outs, lses: (merge_right(outs, lses)[0], lses.sum(0)), "sum of the L_s"),
+        (lambda outs, lses: ((_weights(lses) * outs).sum(0), torch.logsumexp(lses, 0)), "-inf - (-inf)"),
         (
-            lambda m1, l1, a1, m2, l2, a2: (
-                torch.maximum(m1, m2),
-                l1 * torch.exp(m1) + l2 * torch.exp(m2),
-                a1 * torch.exp(m1)[:, None] + a2 * torch.exp(m2)[:, None],
+            lambda outs, lses: (
+                (torch.exp(lses)[..., None] * outs).sum(0) / torch.exp(lses).sum(0)[:, None],
+                merge_right(outs, lses)[1],
             ),
-            "relative to 0",
+            "NaN",
         ),
-        (lambda m1, l1, a1, m2, l2, a2: (m1 + m2, *merge_right(m1, l1, a1, m2, l2, a2)[1:]), "(m, the largest"),
-        (lambda m1, l1, a1, m2, l2, a2: merge_right(m1, l1, a1, m2, l2, a2)[:2], "return a tuple (m, l, a)"),
-        (merge_without_m_safe, "both maxima -inf"),
+        (lambda outs, lses: (merge_right(outs, lses)[0], torch.logsumexp(lses, 0).nan_to_num(0.0, 0.0, 0.0)), "-inf"),
+        (lambda outs, lses: merge_right(outs, lses)[0], "return a tuple (out, lse)"),
+        (lambda outs, lses: (merge_right(outs, lses)[0][:, :2], merge_right(outs, lses)[1]), "wrong shape"),
+        (lambda outs, lses: (merge_right(outs, lses)[0] * 1.01, merge_right(outs, lses)[1]), "merged output"),
     ],
 )
 def test_merge_mistakes_are_named(fn, fragment):
     fails_with(checks.check_merge_states, fn, fragment)
+
+
+def test_merge_refuses_the_package():
+    def fn(outs, lses):
+        from mha_tutorial.modern.flash import Tiling, flash_forward
+
+        flash_forward(outs[None, None], outs[None, None], outs[None, None], Tiling())
+        return merge_right(outs, lses)
+
+    fails_with(checks.check_merge_states, fn, "flash_forward")
 
 
 def tiled_backward(q, k, v, out, lse, d_out, block, is_causal, slip=None):  # noqa: PLR0913
