@@ -72,13 +72,16 @@ def _sdpa(backend):
     return run
 
 
-def implementations(device: torch.device, block_k: int, triton: bool) -> dict:
-    """name -> f(q, k, v) for causal attention with Q = K (so top-left and bottom-right causal agree)."""
+def implementations(device: torch.device, block_k: int, triton: bool, block_q: int | None = None) -> dict:
+    """name -> f(q, k, v) for causal attention with Q = K (so top-left and bottom-right causal agree); the PyTorch
+    tiles take ``block_q`` queries (None: all at once) by ``block_k`` keys."""
     impls = {
         "materialising (package)": lambda q, k, v: scaled_dot_product_attention(
             q, k, v, mask=causal_mask(q.shape[-2], device=q.device)
         )[0],
-        "tiled, PyTorch (ours)": lambda q, k, v: flash_attention(q, k, v, is_causal=True, block_k=block_k),
+        "tiled, PyTorch (ours)": lambda q, k, v: flash_attention(
+            q, k, v, is_causal=True, block_q=block_q, block_k=block_k
+        ),
         "SDPA math": _sdpa(SDPBackend.MATH),
         "SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION),
     }
@@ -147,7 +150,7 @@ def _is_oom(error: Exception) -> bool:
 def run(options) -> list[Row]:
     """Every implementation at every length, in one process: the ratios between rows are side by side."""
     device, dtype = torch.device(options.device), getattr(torch, options.dtype)
-    impls, rows, stopped = implementations(device, options.block_k, options.triton), [], set()
+    impls, rows, stopped = implementations(device, options.block_k, options.triton, options.block_q or None), [], set()
     for seq in options.lengths:
         batch = max(1, options.tokens // seq)
         q, k, v = _inputs(batch, options.heads, seq, options.head_dim, dtype, device)
@@ -291,6 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int, help="default 16 on a GPU, 8 on a CPU")
     parser.add_argument("--head-dim", type=int, help="default 128 on a GPU, 64 on a CPU")
     parser.add_argument("--block-k", type=int, default=256, help="keys per tile of the PyTorch version")
+    parser.add_argument("--block-q", type=int, default=256, help="queries per tile of the PyTorch version (0: all)")
     parser.add_argument("--no-triton", dest="triton", action="store_false", help="skip the Triton version")
     parser.add_argument("--min-run-time", type=float, default=0.5)
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense peak for --dtype, for the %% column")
@@ -309,11 +313,12 @@ def main(argv=None) -> int:
     options.head_dim = options.head_dim or (128 if on_gpu else 64)
     if options.quick:
         options.lengths, options.tokens, options.heads, options.head_dim = [32, 64], 128, 2, 16
-        options.min_run_time, options.block_k = 0.01, 16
+        options.min_run_time, options.block_k, options.block_q = 0.01, 16, 16
     where = torch.cuda.get_device_name(options.device) if on_gpu else f"CPU, {torch.get_num_threads()} threads"
     title = (
         f"{where}, torch {torch.__version__}: causal attention, {options.dtype}, {options.tokens} tokens "
-        f"(batch = tokens // T), {options.heads} heads of {options.head_dim}"
+        f"(batch = tokens // T), {options.heads} heads of {options.head_dim}; "
+        f"the PyTorch tiles: {options.block_q or 'all'} queries x {options.block_k} keys"
     )
     print(title, flush=True)
     rows = run(options)
