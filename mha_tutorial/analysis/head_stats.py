@@ -4,7 +4,7 @@ r"""Per-head numbers and a name for what each head does (notebooks 06 and 07).
 tensors, a role for each head, a table and a bar chart of them.
 ``pattern_scores`` (the task's own patterns) lives in ``_head_patterns`` and is re-exported here.
 
-Conventions. Masks are bool with True = "may attend" (as in ``masks.py``). A
+Conventions. Masks are bool with True = "may attend" (as in ``core/masks.py``). A
 query row *counts* in a statistic when its position is a real token (not
 padding) and it has at least two visible keys: with one visible key the softmax
 has no choice to make (its weight is 1 whatever the head does) and the

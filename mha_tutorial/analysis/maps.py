@@ -7,7 +7,7 @@
 * ``layer_masks``: for every attention layer of a batch, what may be attended and which queries are real.
 * ``value_weighted_maps``: one layer's maps weighted by what each key sends, ``||alpha_ij v_j W^O_h||``.
 
-Masks are bool with True = "may attend" (as in ``masks.py``).
+Masks are bool with True = "may attend" (as in ``core/masks.py``).
 """
 
 from __future__ import annotations

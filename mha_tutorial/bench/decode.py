@@ -1,4 +1,4 @@
-"""Greedy decoding with and without the KV cache (``kv_cache.py``): tokens/s, their ratio, and the cache's size.
+"""Greedy decoding with and without the KV cache (``core/kv_cache.py``): tokens/s, their ratio, and the cache's size.
 
     python -m mha_tutorial.bench decode --quick                                   # seconds (the tests)
     OMP_NUM_THREADS=2 python -m mha_tutorial.bench decode --out docs/benchmarks   # the CPU report, cpu-decode.*

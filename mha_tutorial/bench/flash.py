@@ -1,4 +1,4 @@
-"""The tiled attention of ``flash.py`` against PyTorch's fused kernels: time, TFLOP/s and peak memory against T.
+"""The tiled attention of ``modern/flash.py`` against PyTorch's fused kernels: time, TFLOP/s and peak memory against T.
 
     python -m mha_tutorial.bench flash --quick                  # seconds on a CPU (what the tests run)
     python -m mha_tutorial.bench flash --device cpu             # the CPU sweep, float32

@@ -8,7 +8,7 @@ Three ways to tell the model where a token stands (``ModelConfig.position``):
   .. math::
       PE_{m, 2i} = \sin(m / 10000^{2i/d}), \qquad PE_{m, 2i+1} = \cos(m / 10000^{2i/d}).
 
-* ``"rope"``: nothing added; every self-attention layer rotates its q and k by their positions (``rope.py``).
+* ``"rope"``: nothing added; every self-attention layer rotates its q and k by their positions (``core/rope.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ accuracy@1 does not: with every head masked the model keeps its eval accuracy --
 already find most paraphrases -- while its loss rises from 0.28 to 0.70.
 
 The head-pruning study follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?",
-with the tools of ``pruning.py`` (notebook 07) applied to a pretrained model:
+with the tools of ``analysis/pruning.py`` (notebook 07) applied to a pretrained model:
 
 * ``gradient_importance``: :math:`I_h = \mathbb{E}_x |\partial L(x) / \partial \xi_h|` at every gate
   :math:`\xi = 1`, where :math:`L` is a differentiable stand-in for retrieval -- the cross-entropy of each
