@@ -13,9 +13,10 @@ heads as the centre, squared ratios and one number per head are named.
 
 Exercise 3: grouped-query attention on (B, H, T, d) queries and (B, H_kv, S, d) keys and values without copying
 the K/V heads. The reference is a loop over the query heads; the package's attention and PyTorch's SDPA are
-refused, and so are repeat_interleave and repeat, and any tensor the learner's function creates shaped like K or V
-with H heads, (B, H, S, d) or its transpose (an expand-and-reshape, cat or stack copy). Tiled heads (h % H_kv), heads merged back in the wrong order, no
-or the wrong scaling and a softmax over the queries are named.
+refused, and so are repeat_interleave and repeat, and any tensor holding G times K's (or V's) numbers in memory of its
+own, whatever its rank: an expand-and-reshape, cat or stack copy, and the copy `@` makes when it broadcasts a size-1
+axis of k. Tiled heads (h % H_kv), heads merged back in the wrong order, no or the wrong scaling and a softmax over the
+queries are named.
 """
 
 from __future__ import annotations
@@ -336,13 +337,8 @@ def _grouped_shape(B, H, H_kv, T, d):
     return otherwise
 
 
-_GROUPED_CASES = [  # (B, H, H_kv, T, S, d): T queries, S keys
-    (2, 4, 2, 3, 5, 4),
-    (1, 6, 2, 2, 4, 3),
-    (2, 4, 1, 3, 6, 2),
-    (1, 6, 3, 1, 7, 4),
-    (2, 3, 3, 2, 3, 2),
-]
+# (B, H, H_kv, T, S, d): T queries, S keys; T != S and T != d, so no query or score tensor has G times K's size
+_GROUPED_CASES = [(2, 4, 2, 3, 5, 4), (1, 6, 2, 2, 4, 3), (2, 4, 1, 3, 6, 2), (1, 6, 3, 1, 7, 4), (2, 3, 3, 2, 3, 2)]
 _COPIES = "copies the K/V heads G times; the exercise is to pair each K/V head with its G query heads without a copy"
 
 
@@ -360,17 +356,19 @@ _GROUPED_REFUSED_C = {
 
 
 class _WatchCopies(TorchDispatchMode):
-    """Notes the first float tensor an operation returns shaped like K or V with H heads: (B, H, S, d) or (B, H, d, S)."""
+    """Notes the first float tensor an operation returns with G times K's numbers in memory of its own, any rank."""
 
-    def __init__(self, B: int, H: int, S: int, d: int):
+    def __init__(self, copy_numel: int):
         super().__init__()
-        self.banned, self.seen = {(B, H, S, d), (B, H, d, S)}, None
+        self.copy_numel, self.seen = copy_numel, None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         for x in result if isinstance(result, tuple | list) else (result,):
-            if self.seen is None and isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape in self.banned:
-                self.seen = tuple(x.shape)
+            if self.seen is None and isinstance(x, torch.Tensor) and x.is_floating_point():
+                own = x.untyped_storage().nbytes() // x.element_size()  # a view of k (expand) holds k's numbers only
+                if x.numel() == self.copy_numel and own >= self.copy_numel:
+                    self.seen = tuple(x.shape)
         return result
 
 
@@ -384,12 +382,13 @@ def check_grouped_attention(fn) -> None:
         q = torch.randn(B, H, T, d, generator=g, dtype=_DT)
         k, v = (2 * torch.randn(B, H_kv, S, d, generator=g, dtype=_DT) for _ in range(2))
         given = q.clone(), k.clone(), v.clone()
-        watch = _WatchCopies(B, H, S, d)  # the cases have T != S, so no query-shaped tensor matches
+        watch = _WatchCopies(B * H * S * d)  # G times K's (or V's) numbers
         with refusing(_GROUPED_REFUSED, _GROUPED_REFUSED_C), watch:
             got = expect_tensor(call(fn, *given, case=case), case)
         if watch.seen is not None and H > H_kv:  # with G = 1, k itself has that shape
-            raise CheckFailed(f"{case}: your function built a tensor of shape {watch.seen}, K or V with all H query "
-                              "heads: a G-fold copy. Pair each K/V head with its G query heads instead")  # fmt: skip
+            raise CheckFailed(f"{case}: your function built a tensor of shape {watch.seen} holding G = {H // H_kv} "
+                              "copies of K or V: a G-fold copy (`@` makes one when it broadcasts a size-1 axis of k). "
+                              "Lay each group's G*T queries end to end against its K/V head instead")  # fmt: skip
         if not all(torch.equal(a, b) for a, b in zip(given, (q, k, v), strict=True)):
             raise CheckFailed(f"{case}: your function changed q, k or v in place; return a new tensor")
         if got.dtype != _DT:
