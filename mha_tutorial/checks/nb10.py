@@ -9,7 +9,7 @@ from -inf - (-inf)) are named; the package's forward passes are refused.
 
 Exercise 2: the tiled backward pass, a loop over blocks of keys from the saved output and log-sum-exp, causal
 masks with Q != K included. The reference is autograd through dense float64 attention; autograd and the package's
-passes are refused, and so is any tensor the size of the whole (Q, K) weights (the point is one tile at a time).
+passes (flash_backward, flash_attention, FlashAttentionFunction) are refused, and so is any tensor the size of the whole (Q, K) weights (the point is one tile at a time).
 Typical slips (weights normalised within a tile instead of e^(S - L), no D, D from dP, dQ overwritten instead of
 accumulated across key blocks, the mask missing or top-left, no 1/√d, NaN for a query with no visible key) are
 named.
@@ -147,6 +147,7 @@ _AUTOGRAD = {
 _PACKAGE_PASSES = {
     flash.flash_backward: "mha_tutorial.modern.flash.flash_backward (the package's version of this exercise)",
     flash.flash_attention: "mha_tutorial.modern.flash.flash_attention (the package's tiles, with autograd)",
+    flash.FlashAttentionFunction.forward: "the package's FlashAttentionFunction (its backward is this exercise)",
     flash.FlashAttentionFunction.backward: "the package's FlashAttentionFunction.backward",
 }
 

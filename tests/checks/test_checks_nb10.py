@@ -143,6 +143,22 @@ def _package_attention(q, k, v, out, lse, d_out, block, is_causal):
     return torch.autograd.grad(flash_attention(q, k, v, is_causal=is_causal, block_k=block), (q, k, v), d_out)
 
 
+def _package_function(q, k, v, out, lse, d_out, block, is_causal):  # the autograd Function, no autograd call
+    from mha_tutorial.modern.flash import FlashAttentionFunction, Tiling
+
+    FlashAttentionFunction.apply(q, k, v, Tiling(is_causal=is_causal, block_k=block))
+    return tiled_backward(q, k, v, out, lse, d_out, block, is_causal)
+
+
+def _package_function_backward(q, k, v, out, lse, d_out, block, is_causal):  # its backward, called directly
+    from types import SimpleNamespace
+
+    from mha_tutorial.modern.flash import FlashAttentionFunction, Tiling
+
+    ctx = SimpleNamespace(saved_tensors=(q, k, v, out, lse), tiling=Tiling(is_causal=is_causal, block_k=block))
+    return FlashAttentionFunction.backward(ctx, d_out)[:3]
+
+
 def _dense(q, k, v, out, lse, d_out, block, is_causal):  # right numbers, but the whole (Q, K) weights at once
     return tiled_backward(q, k, v, out, lse, d_out, k.shape[-2], is_causal)
 
@@ -157,6 +173,8 @@ def _slip(name):
         (_autograd, "autograd computes the gradient"),
         (_package_backward, "flash_backward"),
         (_package_attention, "flash_attention"),
+        (_package_function, "FlashAttentionFunction (its backward"),
+        (_package_function_backward, "FlashAttentionFunction.backward"),
         (_dense, "for the whole (Q, K)"),
         (_slip("local"), "normalised within the tile"),
         (_slip("no D"), "no D"),
