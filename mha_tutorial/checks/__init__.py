@@ -24,6 +24,7 @@ from .nb03 import (
     check_transpose_qkv_seq_first,
 )
 from .nb04 import check_head_off, check_mha_forward, check_num_params, check_peak_prediction, check_torch_mha_params
+from .nb04a import check_cross_attention_flops, check_online_attention
 from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and_accuracy, check_to_torch_attention
 from .nb05a import check_load_predictions
 from .nb06 import (
@@ -63,6 +64,8 @@ __all__ = [
     "check_torch_mha_params",
     "check_head_off",
     "check_peak_prediction",
+    "check_cross_attention_flops",
+    "check_online_attention",
     "check_decoder_mask",
     "check_masked_loss_and_accuracy",
     "check_greedy_decode",
