@@ -252,4 +252,6 @@ def check_tile_gradients(fn) -> None:
             slips = ((why, _backward_variant(*data, slip=slip)[i]) for slip, why in _BACKWARD_SLIPS.items())
             diagnose(actual.detach().double(), exp_, slips, label, atol=1e-9, rtol=1e-9)
     passed("check_tile_gradients", len(cases))
-    print("  The answer: dV = Pᵀ dO needs no D; D enters through dS, which dQ and dK both use.")
+    print("  The answer: with keys outside, each query's dQ collects a share from every block of keys, while a")
+    print("  block's dK and dV come from that block alone (every query meets it in one step). With queries outside")
+    print("  it is the reverse: dK and dV collect a share from every block of queries.")

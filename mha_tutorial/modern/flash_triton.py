@@ -6,8 +6,9 @@ registers and reads each tile of K and V from GPU memory once per query tile: th
 chip. Scores are taken in base 2 (multiplied by log2(e)/√d, then exp2 instead of exp), which the GPU computes
 directly. The backward pass is ``flash.flash_backward``'s formulas as two kernels, each recomputing its tiles'
 weights P = 2^(S·log2 e − L·log2 e) from the saved log-sum-exp L: one program per tile of keys accumulates dK and
-dV over the queries, one per tile of queries accumulates dQ over the keys (FlashAttention-2's split, which
-needs no atomic additions). D = rowsum(dO ⊙ O) comes from PyTorch.
+dV over the queries, one per tile of queries accumulates dQ over the keys. That separate dQ pass needs no atomic
+additions; FlashAttention-2's backward instead adds each key tile's share to dQ atomically. D = rowsum(dO ⊙ O)
+comes from PyTorch.
 
 Needs Triton (shipped with PyTorch's CUDA builds) and a GPU, or ``TRITON_INTERPRET=1`` on the CPU (NumPy; slow,
 for tests; Triton 3.6's interpreter needs NumPy < 2.4). Causal masking with Q != K is bottom-right, as in
