@@ -1,7 +1,7 @@
 """Notebook hygiene: what strict nbval and readers on GitHub would trip on (pre-commit hook and a test).
 
     python tools/hygiene.py notebooks/*.ipynb           # prints problems, exits 1 if any
-    python tools/hygiene.py --strip notebooks/*.ipynb   # first drops nbclient's per-cell timing metadata
+    python tools/hygiene.py --strip notebooks/*.ipynb   # first drops per-cell timing metadata, joins split prints
 
 Checks: every code cell executed, execution counts 1, 2, 3, ... (a clean top-to-bottom run), no
 error outputs outside cells tagged ``raises-exception``, no warnings on stderr, no absolute paths
@@ -60,11 +60,25 @@ def problems(path: Path) -> list[str]:
     return found
 
 
+def _joined_streams(outputs: list[dict]) -> list[dict]:
+    """Consecutive stream outputs of one name as one: how many chunks a print arrives in depends on timing."""
+    joined: list[dict] = []
+    for output in outputs:
+        last = joined[-1] if joined else {}
+        if output.get("output_type") == last.get("output_type") == "stream" and output["name"] == last["name"]:
+            last["text"] = (_text(last) + _text(output)).splitlines(keepends=True)
+        else:
+            joined.append(output)
+    return joined
+
+
 def strip_timing(path: Path) -> None:
-    """Remove nbclient's ``metadata.execution`` timestamps, keeping the file's JSON layout otherwise."""
+    """Remove nbclient's ``metadata.execution`` timestamps and join split streams, keeping the JSON layout."""
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("execution", None)
+        if "outputs" in cell:
+            cell["outputs"] = _joined_streams(cell["outputs"])
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
