@@ -30,6 +30,7 @@ from .models.train import evaluate, load_pretrained, train
 from .modern.gqa import mha_to_gqa
 from .pretrained.bert import BertConfig, BertEncoder, mean_pool
 from .pretrained.bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
+from .pretrained.llama import LlamaConfig, LlamaDecoder
 from .pretrained.minilm import embed, load_minilm, tokenize
 from .pretrained.retrieval import (
     ablation_drops,
@@ -41,6 +42,7 @@ from .pretrained.retrieval import (
     random_orders,
     retrieval_accuracy,
 )
+from .pretrained.smollm import load_smollm, load_smollm_tokenizer, smollm_generate
 
 __all__ = [
     "AddNorm",
@@ -62,6 +64,11 @@ __all__ = [
     "load_minilm",
     "mean_pool",
     "tokenize",
+    "LlamaConfig",
+    "LlamaDecoder",
+    "load_smollm",
+    "load_smollm_tokenizer",
+    "smollm_generate",
     "ablation_drops",
     "curve_auc",
     "load_paraphrases",

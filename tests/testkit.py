@@ -160,3 +160,12 @@ def fails_with(check, fn, *fragments):
     for fragment in fragments:
         assert fragment in message, message
     return message
+
+
+def flip_byte(path, offset: int) -> None:
+    """Corrupt a file in place: invert the bits of its byte at ``offset``."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))

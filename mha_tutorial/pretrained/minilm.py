@@ -84,14 +84,19 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def verify_weights(path, expected: str = SAFETENSORS_SHA256) -> None:
+def check_sha256(path, expected: str, install_command: str) -> None:
     """Raise ValueError naming both digests unless the file's sha256 is ``expected``."""
     found = file_sha256(path)
     if found != expected:
         raise ValueError(
             f"{path} is not the expected file: sha256 expected {expected}, found {found}; "
-            f"reinstall the weights with: {INSTALL_COMMAND}"
+            f"reinstall the weights with: {install_command}"
         )
+
+
+def verify_weights(path, expected: str = SAFETENSORS_SHA256) -> None:
+    """Raise ValueError naming both digests unless the weights' sha256 is ``expected``."""
+    check_sha256(path, expected, INSTALL_COMMAND)
 
 
 def read_config(directory=None) -> BertConfig:

@@ -21,7 +21,7 @@ from mha_tutorial.analysis.pruning import pruned_copy
 from mha_tutorial.pretrained import minilm
 from mha_tutorial.pretrained.bert import BertConfig, BertEncoder, mean_pool
 
-from testkit import no_arithmetic
+from testkit import flip_byte, no_arithmetic
 
 ATOL = 1e-5
 SENTENCES = [
@@ -202,11 +202,7 @@ def copied(tmp_path):
 
 def test_corrupted_weights_name_both_digests_before_reading(copied, monkeypatch):
     path = copied / "model.safetensors"
-    with open(path, "r+b") as f:
-        f.seek(1_000_000)
-        byte = f.read(1)
-        f.seek(1_000_000)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    flip_byte(path, 1_000_000)
     found = minilm.file_sha256(path)
 
     def never(*args, **kwargs):
