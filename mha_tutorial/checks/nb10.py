@@ -1,6 +1,6 @@
 """Checks for the exercises of notebook 10 (FlashAttention from scratch).
 
-Exercise 1: merge the results of S splits of the keys, each given as its output O_s and log-sum-exp L_s (what
+Exercise 1: merge the results of n_s splits of the keys, each given as its output O_s and log-sum-exp L_s (what
 flash-decoding's parallel splits return), into the output and log-sum-exp of all the keys. The reference is the
 softmax over every key at once; the cases include splits in which a query sees no key (L_s = -inf), a query that
 no split shows anything, an empty split arriving first, and scores near 1000 (e^L overflows). Typical slips (equal
@@ -56,9 +56,9 @@ def _merge_cases():
 
 
 def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor):
-    """(what went wrong, the output that slip gives) for the splits' outs (S, N, dv) and lses (S, N)."""
+    """(what went wrong, the output that slip gives) for the splits' outs (n_s, N, dv) and lses (n_s, N)."""
     top = lses.amax(0)  # (N,)
-    w = torch.exp(lses - top.masked_fill(top == -math.inf, 0.0))  # (S, N): e^(L_s - max L_s), 0 for an empty split
+    w = torch.exp(lses - top.masked_fill(top == -math.inf, 0.0))  # (n_s, N): e^(L_s - max L_s), 0 for an empty split
     flipped = torch.exp(top[None] - lses).nan_to_num(0.0, 0.0, 0.0)  # e^(max L_s - L_s): the sign flipped
     linear = lses.nan_to_num(0.0, 0.0, 0.0)  # the L_s themselves as weights
     return [
@@ -121,14 +121,15 @@ _FORWARD_PASSES = {
 
 @friendly
 def check_merge_states(fn) -> None:
-    """``fn(outs, lses)``: the splits' outputs (S, N, dv) and log-sum-exps (S, N) -> (out (N, dv), lse (N,))."""
+    """``fn(outs, lses)``: the splits' outputs (n_s, N, dv) and log-sum-exps (n_s, N) -> (out (N, dv), lse (N,))."""
     g = torch.Generator().manual_seed(11)
     cases = _merge_cases()
     for case, scores, sizes in cases:
-        values = torch.randn(scores.shape[-1], 5, generator=g, dtype=_DT)  # (K, dv): dv = 5, unlike any S or N
+        values = torch.randn(scores.shape[-1], 5, generator=g, dtype=_DT)  # (K, dv): dv = 5, unlike any n_s or N
         edges = [0, *itertools.accumulate(sizes)]
         states = [_split_state(scores[:, a:b], values[a:b]) for a, b in itertools.pairwise(edges)]
-        outs, lses = torch.stack([o for o, _ in states]), torch.stack([lse for _, lse in states])  # (S, N, dv), (S, N)
+        # outs (n_s, N, dv), lses (n_s, N)
+        outs, lses = torch.stack([o for o, _ in states]), torch.stack([lse for _, lse in states])
         with refusing(_FORWARD_PASSES):
             got = call(fn, outs.clone(), lses.clone(), case=case)
         if not isinstance(got, tuple | list) or len(got) != 2:
@@ -178,14 +179,14 @@ def _backward_variant(q, k, v, out, lse, d_out, block, is_causal, slip=""):  # n
     rows = torch.arange(Q)[:, None]  # (Q, 1)
     offset = 0 if slip == "top-left" else K - Q
     for k0 in range(0, K, block):
-        k_b, v_b = k[..., k0 : k0 + block, :], v[..., k0 : k0 + block, :]  # (B, H, b, d), (B, H, b, dv)
-        s = q @ k_b.transpose(-2, -1) / math.sqrt(d)  # (B, H, Q, b)
+        k_b, v_b = k[..., k0 : k0 + block, :], v[..., k0 : k0 + block, :]  # (B, H, bk, d), (B, H, bk, dv)
+        s = q @ k_b.transpose(-2, -1) / math.sqrt(d)  # (B, H, Q, bk)
         if is_causal and slip != "no mask":
             s = s.masked_fill(torch.arange(k0, k0 + k_b.shape[-2]) > rows + offset, -math.inf)
-        p = torch.softmax(s, -1).nan_to_num(0.0) if slip == "local" else torch.exp(s - L)  # (B, H, Q, b)
-        dp = d_out @ v_b.transpose(-2, -1)  # (B, H, Q, b)
+        p = torch.softmax(s, -1).nan_to_num(0.0) if slip == "local" else torch.exp(s - L)  # (B, H, Q, bk)
+        dp = d_out @ v_b.transpose(-2, -1)  # (B, H, Q, bk)
         dd = {"no D": 0.0, "D from dP": dp.sum(-1, keepdim=True)}.get(slip, D)
-        ds = p * (dp - dd)  # (B, H, Q, b)
+        ds = p * (dp - dd)  # (B, H, Q, bk)
         dv[..., k0 : k0 + block, :] = p.transpose(-2, -1) @ d_out
         dk[..., k0 : k0 + block, :] = ds.transpose(-2, -1) @ q * scale
         dq = ds @ k_b * scale if slip == "dq overwritten" else dq + ds @ k_b * scale

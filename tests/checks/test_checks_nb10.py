@@ -12,7 +12,7 @@ from mha_tutorial import checks
 from testkit import fails_with
 
 
-def merge_right(outs, lses):  # outs (S, N, dv), lses (S, N): a fold over the splits, written apart from the check
+def merge_right(outs, lses):  # outs (n_s, N, dv), lses (n_s, N): a fold over the splits, written apart from the check
     out, lse = torch.zeros_like(outs[0]), torch.full_like(lses[0], -math.inf)
     for o_s, l_s in zip(outs, lses, strict=True):
         new = torch.logaddexp(lse, l_s)  # (N,): -inf only while nothing has been seen
@@ -39,7 +39,7 @@ def test_merge_right_answer_passes(capsys):
 def test_merge_softmax_weights_with_a_guard_pass(capsys):  # another right way: the weights are a softmax over splits
     def fn(outs, lses):
         seen = torch.isfinite(lses).any(0)  # (N,)
-        w = torch.softmax(lses.masked_fill(~seen, 0.0), 0) * seen  # (S, N)
+        w = torch.softmax(lses.masked_fill(~seen, 0.0), 0) * seen  # (n_s, N)
         return (w[..., None] * outs).sum(0), torch.logsumexp(lses, 0)
 
     checks.check_merge_states(fn)
@@ -101,7 +101,7 @@ def tiled_backward(q, k, v, out, lse, d_out, block, is_causal, slip=None):  # no
     dq, dks, dvs = torch.zeros_like(q), [], []
     for start in range(0, n_k, block):
         k_b, v_b = k[..., start : start + block, :], v[..., start : start + block, :]
-        s = q @ k_b.transpose(-2, -1) / math.sqrt(d)  # (B, H, Q, b)
+        s = q @ k_b.transpose(-2, -1) / math.sqrt(d)  # (B, H, Q, bk)
         if is_causal and slip != "no mask":
             shift = 0 if slip == "top-left" else n_k - n_q
             hidden = torch.arange(start, start + k_b.shape[-2])[None, :] > torch.arange(n_q)[:, None] + shift
