@@ -3,8 +3,8 @@
 Exercise 1 (check_cross_attention_flops): the matrix-product FLOPs of one forward pass of cross-attention, with
 Q queries of width D and K keys and values of width E, from the shapes alone. The reference is PyTorch's
 ``FlopCounterMode`` on the package's ``MultiHeadAttention`` for shapes the notebook never shows; typical slips
-(multiply-adds, not FLOPs; Q where K belongs; D where E belongs; T^2 for Q K; the heads counted; the pooling or the
-output projection left out) are named. Counting with FlopCounterMode or running the layer is refused.
+(multiply-adds, not FLOPs; section 1's formula with T -> Q; Q where K belongs; D where E belongs; T^2 for Q K;
+the heads counted; the pooling or the output projection left out) are named. Counting with FlopCounterMode or running the layer is refused.
 
 Exercise 2 is ``check_peak_prediction`` (in ``nb04``, where notebook 04's tests reach it).
 
@@ -12,8 +12,9 @@ Exercise 3 (check_online_attention): the fixed blockwise online softmax, ``fn(sc
 queries at once. The reference is ``torch.softmax(scores) @ values`` in float64, on cases with K not a multiple of
 the block, scores near 1000 (e^score overflows) and -inf (masked) scores, a whole block of them included; typical
 slips (a or s not rescaled, the rescale's sign flipped, no maximum subtracted, the last partial block dropped, no
-division by s, NaN from -inf - (-inf)) are named. Softmax and SDPA are refused, and so is any arithmetic on a whole
-row of K scores at once (blocks are the point).
+division by s, NaN from -inf - (-inf)) are named. Softmax and SDPA are refused, and so are exponentials, maxima, sums and
+matrix products on a whole row of K scores at once (blocks are the point); slicing the scores, creating tensors from
+them (new_zeros, full_like, ...) and elementwise tests (isnan) are allowed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def _flop_slips(B, Q, K, D, H, E):  # noqa: PLR0913 (the exercise's arguments)
     """(what went wrong, the count that slip gives); the right count is 4BQD^2 + 4BKED + 4BQKD."""
     proj_q, proj_kv, attn = 4 * B * Q * D * D, 4 * B * K * E * D, 4 * B * Q * K * D
     return [
+        ("that is section 1's formula with T replaced by Q: W_k and W_v project the K keys and values of width E "
+         "(2*B*K*E*D each, not 2*B*Q*D*D)", 8 * B * Q * D * D + attn),
         ("that counts multiply-adds: each one is 2 FLOPs (a multiply and an add)", (proj_q + proj_kv + attn) // 2),
         ("W_k and W_v project the K keys and values, not the Q queries: use K there", proj_q + 4 * B * Q * E * D + attn),
         ("W_k and W_v read inputs of width key_size E, not D: each costs 2*B*K*E*D", proj_q + 4 * B * K * D * D + attn),
@@ -155,21 +158,28 @@ def _online_cases():
     return [(case, sc, torch.randn(sc.shape[1], 4, generator=g, dtype=_DT), b) for case, sc, b in cases]
 
 
-_VIEWS_ALLOWED = "slice, select, split or unbind"
+# what builds a softmax over a row: exponentials, maxima, sums and products with the values; on a whole row of K
+# scores these are refused, while views, new tensors (new_zeros, full_like, ...) and elementwise tests (isnan) are not
+_ROW_OPS = frozenset(
+    "exp exp2 expm1 amax max aminmax argmax sort topk sum nansum mean cumsum logsumexp logcumsumexp _softmax "
+    "_log_softmax mm bmm addmm mv dot matmul".split()
+)
 
 
 class _WatchRows(TorchDispatchMode):
-    """Notes the first operation, other than taking a view, that reads a float tensor whose last axis has K entries."""
+    """Notes the first exponential, maximum, sum or matrix product that reads a float tensor whose last axis has K
+    entries (a whole row of scores)."""
 
     def __init__(self, K: int):
         super().__init__()
         self.K, self.seen = K, None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.seen is None and not func.is_view and not func.overloadpacket.__name__.startswith("split"):
+        name = func.overloadpacket.__name__
+        if self.seen is None and name in _ROW_OPS:
             for x in (*args, *(kwargs or {}).values()):
                 if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() and x.shape[-1] == self.K:
-                    self.seen = func.overloadpacket.__name__
+                    self.seen = name
         return func(*args, **(kwargs or {}))
 
 
@@ -206,8 +216,9 @@ def check_online_attention(fn) -> None:
             got = call(fn, *args, case=case)
         if watch is not None and watch.seen is not None:
             raise CheckFailed(
-                f"{case}: your function ran {watch.seen} on a whole row of K={K} scores; take one block at a time "
-                f"({_VIEWS_ALLOWED} the scores, e.g. scores[:, start:start + block]) and keep m, s and a running"
+                f"{case}: your function ran {watch.seen} on a whole row of K={K} scores; exponentials, maxima, sums "
+                "and products with the values must take one block at a time (e.g. scores[:, start:start + block]), "
+                "keeping m, s and a running"
             )
         expected = torch.softmax(scores, -1) @ values  # (N, dv)
         got = expect_tensor(got, case)

@@ -353,6 +353,10 @@ def peak_by_measuring(batch, heads, seq):
     return measured_peak_mib(batch, heads, seq)
 
 
+def peak_read_off_the_table(batch, heads, seq):  # section 2's 98.02 MiB over its 32 MiB tensor, scaled
+    return 98.02 / 32 * 4 * batch * heads * seq**2 / 2**20
+
+
 def test_peak_prediction_accepts_the_three_tensor_estimate(capsys):
     check_peak_prediction(peak_right)
     assert "✓ check_peak_prediction: passed on 3 cases" in capsys.readouterr().out
@@ -362,6 +366,12 @@ def test_peak_prediction_accepts_the_three_tensor_estimate(capsys):
     "wrong, words",
     [
         (lambda B, H, T: peak_right(B, H, T) / 3, "counted one"),
+        (lambda B, H, T: peak_right(B, H, T) * 2 / 3, "counted two"),
+        (lambda B, H, T: peak_right(B, H, T) * 4 / 3, "counted four"),
+        (lambda B, H, T: peak_right(B, H, T) * 2**20 / 10**6, "that is MB"),
+        (lambda B, H, T: peak_right(B, H, T) / B, "batch is missing"),
+        (lambda B, H, T: peak_right(B, H, T) / T, "seq, not seq squared"),
+        (peak_read_off_the_table, "3.06 (batch, heads, seq, seq) tensors' worth"),
         (lambda B, H, T: peak_right(B, H, T) * 2**20, "that is bytes"),
         (lambda B, H, T: peak_right(B, H, T) * 2, "8 bytes per number"),
         (lambda B, H, T: peak_right(B, H, T) / H, "heads are missing"),

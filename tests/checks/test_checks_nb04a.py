@@ -58,6 +58,7 @@ def _slip(kind):
             "no W_o": pq // 2 + pkv + attn,
             "no projections": attn,
             "self-attention formula": 8 * B * Q * D * D + 4 * B * Q * Q * D,
+            "section 1 with T -> Q": 8 * B * Q * D * D + 4 * B * Q * K * D,
         }[kind]
 
     return fn
@@ -77,6 +78,7 @@ def _slip(kind):
         ("no W_o", "output projection W_o is missing"),
         ("no projections", "projections are missing"),
         ("self-attention formula", "FlopCounterMode counts 48,960"),
+        ("section 1 with T -> Q", "section 1's formula with T replaced by Q"),
     ],
 )
 def test_flops_slips_are_named(kind, fragment):
@@ -148,6 +150,54 @@ def test_online_tensor_version_with_torch_where_passes(capsys):  # another right
     assert "passed on 6 cases" in capsys.readouterr().out
 
 
+def online_tensor(scores, values, block, start_state=None):
+    """A right tensor version over blocks; ``start_state(scores, values)`` builds the initial m, s and a."""
+    N, K = scores.shape
+    if start_state is None:
+        m = torch.full((N, 1), -math.inf, dtype=scores.dtype)
+        s, a = torch.zeros(N, 1, dtype=scores.dtype), torch.zeros(N, values.shape[1], dtype=scores.dtype)
+    else:
+        m, s, a = start_state(scores, values)
+    for start in range(0, K, block):
+        S_b, V_b = scores[:, start : start + block], values[start : start + block]
+        m_new = torch.maximum(m, S_b.amax(-1, keepdim=True))
+        safe = m_new.masked_fill(m_new == -math.inf, 0.0)
+        r, p = torch.exp(m - safe), torch.exp(S_b - safe)
+        s, a, m = s * r + p.sum(-1, keepdim=True), a * r + p @ V_b, m_new
+    return a / s
+
+
+def _new_full_state(scores, values):  # the idiomatic way to match dtype and device
+    N = scores.shape[0]
+    return scores.new_full((N, 1), -math.inf), scores.new_zeros(N, 1), scores.new_zeros(N, values.shape[1])
+
+
+def _like_state(scores, values):
+    m = torch.full_like(scores, -math.inf)[:, :1]  # a whole-row creation op, then a slice
+    return m, torch.zeros_like(scores)[:, :1], torch.zeros_like(values[:1]).expand(scores.shape[0], -1)
+
+
+def _guarded(scores, values, block):  # an input guard that reads the whole row: an elementwise test, no softmax
+    if torch.isnan(scores).any() or (scores == math.inf).any():
+        raise ValueError("scores must not hold NaN or +inf")
+    return online_tensor(scores.clone(), values, block)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda sc, v, b: online_tensor(sc, v, b, _new_full_state),
+        lambda sc, v, b: online_tensor(sc, v, b, _like_state),
+        _guarded,
+        lambda sc, v, b: online_tensor(torch.where(torch.isinf(sc), -math.inf, sc), v, b),  # elementwise where
+    ],
+    ids=["new_full and new_zeros", "full_like and zeros_like", "isnan guard and clone", "elementwise where"],
+)
+def test_online_whole_row_creation_ops_and_elementwise_tests_pass(fn, capsys):
+    checks.check_online_attention(fn)
+    assert "passed on 6 cases" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "flags, fragments",
     [
@@ -200,6 +250,9 @@ def test_online_no_max_subtracted_overflows_near_1000():
             "calls F.scaled_dot_product_attention",
         ),
         (lambda sc, v, b: torch.exp(sc - torch.logsumexp(sc, -1, keepdim=True)) @ v, "on a whole row of K=6 scores"),
+        (lambda sc, v, b: online_tensor(sc - sc.amax(-1, keepdim=True), v, b), "ran amax on a whole row of K=6"),
+        (lambda sc, v, b: (e := torch.exp(sc - 3.0)) @ v / e.sum(-1, keepdim=True), "ran exp on a whole row of K=6"),
+        (lambda sc, v, b: online_tensor(sc, v, b) + 0 * sc.sum(), "ran sum on a whole row of K=6"),
     ],
 )
 def test_online_whole_row_shortcuts_are_refused(fn, fragment):
