@@ -77,7 +77,7 @@ lint: install
 	$(PY) tools/hygiene.py $(NOTEBOOKS) $(SOLUTIONS)
 
 unit: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=12 tests
 
 ## Strict nbval as a learner without the repository runs the notebooks: executed by the kernel of a fresh venv that
 ## holds the package's wheel and only its declared dependencies (tools/wheel_env.py), in a folder outside the checkout.
