@@ -14,7 +14,7 @@ the same offsets, at unseen *positions*).
 ``python -m mha_tutorial.modern.length_study`` trains ``len(SEEDS)`` models per position (a few minutes on a 2-core CPU),
 writes one row per (position, seed, run length, start) to ``STUDY_PATH`` -- the per-token accuracy over the repeated
 letters of ``EVAL_EXAMPLES`` held-out runs -- and saves the seed-0 models beside the series' checkpoints. Notebook 12
-loads those models and repeats their rows live.
+loads those models and draws the shipped rows; tests/experiments/test_length_study.py recomputes rows live.
 """
 
 from __future__ import annotations
