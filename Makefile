@@ -17,7 +17,7 @@ NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sani
 # orders).
 NUMERICS := ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install lab run site student nbgrader test lint unit nbval nbval-first nbval-last outputs clean
+.PHONY: install lab run site student nbgrader test lint unit unit-tools unit-rest nbval nbval-first nbval-last outputs clean
 
 install: $(STAMP)
 
@@ -58,10 +58,18 @@ student: install
 nbgrader: install
 	$(PY) tools/nbgrader_course.py --out build/nbgrader $(NOTEBOOKS)
 
-## Lint, then the unit tests (student edition and site included) and strict nbval over every notebook in two halves,
-## side by side with one PyTorch thread each: the models are tiny, so single-threaded jobs use two cores best.
+## Lint, then the unit tests (student edition and site included) in two halves and strict nbval over every notebook
+## in two halves, four jobs side by side with one PyTorch thread each: the models are tiny, so single-threaded jobs
+## keep two cores busy until the end (one pytest alone would finish last on one core).
 test: lint
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j3 --output-sync=target unit nbval-first nbval-last
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j4 --output-sync=target unit-tools unit-rest nbval-first nbval-last
+
+# The two halves of `make unit` for `make test`, of about equal running time: tooling and pretrained models, the rest.
+UNIT_TOOLS := tests/tooling tests/pretrained
+unit-tools: install
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 $(UNIT_TOOLS)
+unit-rest: install
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests $(addprefix --ignore=,$(UNIT_TOOLS))
 
 # The two halves of `make nbval` for `make test`, of about equal running time: 01-06, 12 on and every companion of
 # solutions (they are fast), then 07-11 (07 and 09 take the longest).
@@ -77,7 +85,7 @@ lint: install
 	$(PY) tools/hygiene.py $(NOTEBOOKS) $(SOLUTIONS)
 
 unit: install
-	$(PY) -m pytest -q --durations=12 tests
+	$(PY) -m pytest -q tests
 
 ## Strict nbval as a learner without the repository runs the notebooks: executed by the kernel of a fresh venv that
 ## holds the package's wheel and only its declared dependencies (tools/wheel_env.py), in a folder outside the checkout.
