@@ -58,6 +58,8 @@ API_MODULES = [  # by part, in the order the series meets them (README's table)
     "pretrained.retrieval",
     "pretrained.llama",
     "pretrained.smollm",
+    "pretrained.smollm_study",
+    "pretrained.llama_hf",
     "modern.flash",
     "modern.gqa",
     "modern.length_study",

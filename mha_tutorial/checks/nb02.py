@@ -250,9 +250,10 @@ def _check_gradient(my_masked_softmax) -> None:
         ) from None
     if scores.grad is None or not torch.isfinite(scores.grad).all():
         raise CheckFailed(
-            f"{case}: the forward pass is right but the gradient contains NaN. torch.where / nan_to_num hide a "
-            "NaN in the forward pass but not in the backward pass (NaN * 0 = NaN): avoid producing the NaN at "
-            "all, e.g. fill masked scores with torch.finfo(dtype).min instead of -inf, then zero the empty rows"
+            f"{case}: the forward pass is right but the gradient contains NaN. torch.where / nan_to_num hide the "
+            "NaN of a softmax over all -inf in the forward pass, but its backward is NaN (NaN * 0 = NaN), and a "
+            "-inf mask that was *added* to the scores passes that NaN back to them (masked_fill would drop it). "
+            "Avoid the NaN altogether: fill masked scores with torch.finfo(dtype).min, then zero the empty rows"
         )
     ref = scores.detach().clone().requires_grad_()
     (masked_softmax(ref, torch.tensor([0, 2])) * upstream).sum().backward()

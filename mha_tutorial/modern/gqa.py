@@ -23,9 +23,9 @@ import torch
 
 from ..core import _validate as validate
 from ..core._validate import _type_name
-from ..core.mha import MultiHeadAttention
+from ..core.mha import MultiHeadAttention, _select
 
-__all__ = ["INITS", "mha_to_gqa"]
+__all__ = ["INITS", "mha_to_gqa", "prune_kv_groups"]
 
 INITS = ("mean", "first", "random")
 
@@ -96,3 +96,37 @@ def mha_to_gqa(mha: MultiHeadAttention, num_kv_heads: int, init: str = "mean", g
                 else:
                     fresh.copy_(_grouped_rows(old, num_kv_heads, mha.head_size, init))
     return new
+
+
+@torch.no_grad()
+def prune_kv_groups(layer: MultiHeadAttention, groups) -> None:
+    """Remove whole K/V groups from a grouped-query layer, for good (notebook 14).
+
+    K/V head j serves the G = H / H_kv consecutive query heads j*G .. (j+1)*G - 1, so removing it removes its rows of
+    ``W_k`` and ``W_v``, those query heads' rows of ``W_q`` and their columns of ``W_o``. ``groups`` are the groups'
+    numbers in the layer as it is now (0 .. H_kv - 1). The pruned layer computes exactly what the unpruned one does
+    with those G query heads' ``head_mask`` entries set to 0 (``W_o``'s bias stays), and its KV cache is smaller by
+    the removed heads.
+    """
+    if not isinstance(layer, MultiHeadAttention):
+        raise TypeError(f"layer must be a MultiHeadAttention, got {_type_name(layer)}")
+    H_kv, G, d = layer.num_kv_heads, layer.num_heads // layer.num_kv_heads, layer.head_size
+    groups = list(groups) if not isinstance(groups, int) else [groups]
+    if any(isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < H_kv for g in groups):
+        raise ValueError(f"groups must be K/V head numbers in 0 .. {H_kv - 1}, got {groups!r}")
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"groups must not repeat, got {groups!r}")
+    keep_kv = [j for j in range(H_kv) if j not in groups]
+    keep_q = [j * G + i for j in keep_kv for i in range(G)]  # query heads whose K/V head stays
+
+    def rows(heads):  # head h owns features h*d .. (h+1)*d
+        index = [torch.arange(h * d, (h + 1) * d) for h in heads]
+        return (torch.cat(index) if index else torch.zeros(0, dtype=torch.long)).to(layer.W_q.weight.device)
+
+    q_rows, kv_rows = rows(keep_q), rows(keep_kv)
+    layer.W_q, layer.W_o = _select(layer.W_q, q_rows, dim=0), _select(layer.W_o, q_rows, dim=1)
+    layer.W_k, layer.W_v = _select(layer.W_k, kv_rows, dim=0), _select(layer.W_v, kv_rows, dim=0)
+    removed = [layer.head_ids[j * G + i] for j in groups for i in range(G)]
+    layer.pruned_heads = sorted([*layer.pruned_heads, *removed])
+    layer.head_ids = [layer.head_ids[h] for h in keep_q]
+    layer.num_heads = len(keep_q)

@@ -114,12 +114,16 @@ class LlamaBlock(nn.Module):
         self.norm2 = RMSNorm(config.num_hiddens, config.eps)
         self.mlp = SwiGLU(config.num_hiddens, config.ffn_num_hiddens)
 
-    def forward(self, X, layer_cache=None):
-        """X (B, T, D) -> (B, T, D). With ``layer_cache`` the T new positions follow the cached ones."""
+    def forward(self, X, layer_cache=None, head_mask=None, need_weights=False):
+        """X (B, T, D) -> (B, T, D). With ``layer_cache`` the T new positions follow the cached ones;
+        ``head_mask`` (H,) scales each query head's output (0 switches it off)."""
         Y = self.norm1(X)  # (B, T, D)
         # need_weights=False: PyTorch's fused attention (the weights are not kept); is_causal hides the future,
         # aligned with the last keys when a cache holds earlier positions; the rotary positions continue it.
-        X = X + self.self_attn(Y, Y, Y, need_weights=False, is_causal=True, kv_cache=layer_cache)  # (B, T, D)
+        attended = self.self_attn(
+            Y, Y, Y, head_mask=head_mask, need_weights=need_weights, is_causal=True, kv_cache=layer_cache
+        )  # (B, T, D)
+        X = X + attended
         return X + self.mlp(self.norm2(X))  # (B, T, D)
 
 
@@ -142,16 +146,22 @@ class LlamaDecoder(nn.Module):
         """("dec.i.self", layer i's attention): the names ``KVCache(model)`` keys its layer caches by."""
         return [(f"dec.{i}.self", block.self_attn) for i, block in enumerate(self.layers)]
 
-    def forward(self, tokens, cache: KVCache | None = None):
+    def forward(self, tokens, cache: KVCache | None = None, *, head_mask=None, need_weights: bool = False):
         """tokens (B, T) integer ids -> logits (B, T, V).
 
         ``cache`` (a ``KVCache(model)``): the tokens are positions cache.length .. cache.length + T - 1; their keys
         and values are appended to it, so the next call needs only the next tokens.
+        ``head_mask`` (num_layers, H): row i scales layer i's query heads (0 switches a head off).
+        ``need_weights=True`` keeps every layer's weights (B, H, T, K) in ``layers[i].self_attn.attention_weights``
+        (the step-by-step path: slower, the same numbers to float rounding).
         """
         self._check_tokens(tokens, cache)
+        self._check_head_mask(head_mask, need_weights)
         X = self.embedding(tokens)  # (B, T, D)
         for i, block in enumerate(self.layers):
-            X = block(X, None if cache is None else cache[f"dec.{i}.self"])  # (B, T, D)
+            layer_cache = None if cache is None else cache[f"dec.{i}.self"]
+            layer_mask = None if head_mask is None else head_mask[i]  # (H,)
+            X = block(X, layer_cache, layer_mask, need_weights)  # (B, T, D)
         if cache is not None:
             cache.extend(tokens.shape[1], None, tokens.shape[0], tokens.device)  # the cache has seen T more
         return self.head(self.norm(X))  # (B, T, V)
@@ -170,6 +180,25 @@ class LlamaDecoder(nn.Module):
         seen = 0 if cache is None else cache.length
         if seen + tokens.shape[1] > self.config.max_len:
             raise ValueError(f"{seen} cached + {tokens.shape[1]} new positions exceed max_len {self.config.max_len}")
+
+    def _check_head_mask(self, head_mask, need_weights) -> None:
+        if not isinstance(need_weights, bool):
+            raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+        if head_mask is None:
+            return
+        heads = [block.self_attn.num_heads for block in self.layers]
+        if not isinstance(head_mask, torch.Tensor) or not head_mask.is_floating_point():
+            raise TypeError(f"head_mask must be a float tensor (num_layers, H), got {type(head_mask).__name__}")
+        if len(set(heads)) != 1 or tuple(head_mask.shape) != (len(heads), heads[0]):
+            raise ValueError(
+                f"head_mask must have shape (num_layers, H) = ({len(heads)}, {heads[0]}), "
+                f"got {tuple(head_mask.shape)}"
+                + (
+                    ""
+                    if len(set(heads)) == 1
+                    else f"; the layers have different head counts {heads}: prune or mask, not both"
+                )
+            )
 
     @torch.no_grad()
     def generate(self, tokens, max_new_tokens: int, use_cache: bool = True, eos_id: int | None = None):
