@@ -4,6 +4,7 @@
     python -m mha_tutorial.bench decode --quick      # cached against uncached decoding
     python -m mha_tutorial.bench flash --quick       # tiled attention against SDPA's kernels
     python -m mha_tutorial.bench all --quick         # the three in one run, reports in build/bench/{attention,decode,flash}
+    python -m mha_tutorial.bench smollm --quick      # SmolLM2-135M: our cached decoding against transformers' generate
 
 ``python -m mha_tutorial.bench COMMAND --help`` lists one benchmark's options; ``all`` takes ``--quick`` and
 ``--out`` and passes them on. Each benchmark checks that its implementations agree before it times anything.
@@ -14,9 +15,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import attention, decode, flash
+from . import attention, decode, flash, smollm
 
-COMMANDS = {"attention": attention.main, "decode": decode.main, "flash": flash.main}
+COMMANDS = {"attention": attention.main, "decode": decode.main, "flash": flash.main, "smollm": smollm.main}
+ALL = ("attention", "decode", "flash")  # `all`: the benchmarks that need no pretrained weights
 
 
 def _usage() -> str:
@@ -32,7 +34,8 @@ def run_all(argv: list[str]) -> int:
         out = Path(rest[1])
     elif rest:
         raise SystemExit(f"`all` takes only --quick and --out DIR, not {' '.join(rest)}")
-    for name, main in COMMANDS.items():
+    for name in ALL:
+        main = COMMANDS[name]
         print(f"== {name}", flush=True)
         code = main([*(["--quick"] if quick else []), "--out", str(out / name)])
         if code:

@@ -46,7 +46,9 @@ __all__ = [
     "group_importance",
     "group_mask",
     "head_importance",
+    "layer_inputs",
     "load_study",
+    "masked_perplexity",
     "perplexity",
     "pruning_curve",
     "random_orders",
@@ -104,16 +106,46 @@ def group_mask(model: LlamaDecoder, groups) -> torch.Tensor:
     return mask
 
 
+@torch.no_grad()
+def layer_inputs(model: LlamaDecoder, ids: torch.Tensor) -> list[torch.Tensor]:
+    """The intact model's residual stream entering each layer: [X_0, ..., X_L], each (B, T, D); X_L feeds the head."""
+    X = model.embedding(ids)  # (B, T, D)
+    inputs = [X]
+    for block in model.layers:
+        X = block(X)  # (B, T, D)
+        inputs.append(X)
+    return inputs
+
+
+@torch.no_grad()
+def masked_perplexity(model: LlamaDecoder, ids: torch.Tensor, inputs: list, head_mask: torch.Tensor) -> float:
+    """``perplexity(model, ids, head_mask)``, with the layers before the first masked one read from ``inputs``.
+
+    A head_mask row of ones changes nothing in its layer, so those layers' outputs are the intact ones; starting
+    at the first layer with a head off gives the same numbers in less time (the importances cost half as much).
+    """
+    changed = (head_mask != 1).any(dim=1).nonzero()  # layers with a head off
+    start = int(changed[0]) if len(changed) else len(model.layers)
+    X = inputs[start]  # (B, T, D)
+    for i in range(start, len(model.layers)):
+        X = model.layers[i](X, None, head_mask[i])  # (B, T, D)
+    logits = model.head(model.norm(X))  # (B, T, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    return float(nll.exp())
+
+
 def head_importance(model: LlamaDecoder, ids: torch.Tensor, progress=None) -> torch.Tensor:
     """(L, H): perplexity with that one query head off, minus the intact model's perplexity."""
     L, H, _ = _shape(model)
+    inputs = layer_inputs(model, ids)
     base = perplexity(model, ids)
     scores = torch.zeros(L, H, dtype=torch.float64)
     for layer in range(L):
         for head in range(H):
             mask = torch.ones(L, H)
             mask[layer, head] = 0.0
-            scores[layer, head] = perplexity(model, ids, mask) - base
+            scores[layer, head] = masked_perplexity(model, ids, inputs, mask) - base
         if progress:
             progress(f"heads: layer {layer + 1}/{L}")
     return scores
@@ -122,11 +154,13 @@ def head_importance(model: LlamaDecoder, ids: torch.Tensor, progress=None) -> to
 def group_importance(model: LlamaDecoder, ids: torch.Tensor, progress=None) -> torch.Tensor:
     """(L, H_kv): perplexity with one K/V group off (its K/V head and the query heads it serves), minus the intact."""
     L, _, H_kv = _shape(model)
+    inputs = layer_inputs(model, ids)
     base = perplexity(model, ids)
     scores = torch.zeros(L, H_kv, dtype=torch.float64)
     for layer in range(L):
         for group in range(H_kv):
-            scores[layer, group] = perplexity(model, ids, group_mask(model, [(layer, group)])) - base
+            mask = group_mask(model, [(layer, group)])
+            scores[layer, group] = masked_perplexity(model, ids, inputs, mask) - base
         if progress:
             progress(f"groups: layer {layer + 1}/{L}")
     return scores
@@ -149,7 +183,7 @@ def pruning_curve(model: LlamaDecoder, ids: torch.Tensor, order: list[int], coun
         raise ValueError(f"unit must be 'head' or 'group', got {unit!r}")
     if sorted(order) != list(range(L * per_layer)):
         raise ValueError(f"order must be a permutation of 0 .. {L * per_layer - 1}")
-    curve = []
+    inputs, curve = layer_inputs(model, ids), []
     for count in counts:
         off = [divmod(u, per_layer) for u in order[:count]]  # [(layer, head or group), ...]
         if unit == "head":
@@ -158,7 +192,7 @@ def pruning_curve(model: LlamaDecoder, ids: torch.Tensor, order: list[int], coun
                 mask[layer, head] = 0.0
         else:
             mask = group_mask(model, off)
-        curve.append(perplexity(model, ids, mask))
+        curve.append(masked_perplexity(model, ids, inputs, mask))
     return curve
 
 

@@ -34,7 +34,8 @@ def test_all_stops_at_the_first_failure(monkeypatch, tmp_path):
 
 
 def test_every_benchmark_is_reachable_and_named_in_the_usage():
-    assert set(entry.COMMANDS) == {"attention", "decode", "flash"}
+    assert set(entry.COMMANDS) == {"attention", "decode", "flash", "smollm"}
+    assert entry.ALL == ("attention", "decode", "flash")  # `all` needs no pretrained weights
     assert all(f"bench {name}" in entry.__doc__ for name in [*entry.COMMANDS, "all"])
 
 

@@ -198,3 +198,14 @@ def test_random_orders_are_seeded_permutations():
     a, b = study.random_orders(20, 5, seed=3), study.random_orders(20, 5, seed=3)
     assert a == b and len(a) == 5 and all(sorted(o) == list(range(20)) for o in a)
     assert len({tuple(o) for o in a}) == 5 and study.random_orders(20, 5, seed=4) != a
+
+
+def test_masked_perplexity_starting_at_the_first_masked_layer_equals_the_full_run(model, ids):
+    inputs = study.layer_inputs(model, ids)
+    ones = torch.ones(3, 6)
+    assert study.masked_perplexity(model, ids, inputs, ones) == study.perplexity(model, ids)
+    for layer in range(3):
+        mask = ones.clone()
+        mask[layer, 2] = 0.5  # any value other than 1 counts as masked
+        mask[2, 5] = 0.0
+        assert study.masked_perplexity(model, ids, inputs, mask) == study.perplexity(model, ids, mask)
