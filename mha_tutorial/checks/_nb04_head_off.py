@@ -67,6 +67,10 @@ def _zero_wq_rows(m, cols):
         m.W_q.bias[cols] = 0
 
 
+def _zero_wq_rows_not_bias(m, cols):
+    m.W_q.weight[cols] = 0
+
+
 def _zero_wv_rows_not_bias(m, cols):
     m.W_v.weight[cols] = 0
 
@@ -87,6 +91,14 @@ def _head_off_mistakes(net, X, h):
         ),
     ]
     if net.W_o.bias is not None:
+        candidates.append(
+            (
+                "zeroed W_q's weight rows of head h but not its bias: every query of head h becomes that bias, so "
+                "the head still attends (the same way from every position) and adds a mix of its values; zero its "
+                "contribution (W_o's columns, or W_v's rows and bias) instead",
+                _off_by_weights(net, X, h, _zero_wq_rows_not_bias),
+            )
+        )
         candidates.append(
             (
                 "zeroed W_o's bias as well: the bias belongs to no head, switching one head off leaves it",

@@ -71,7 +71,8 @@ class _Switches:
 
     scale: str | None = "head"  # "head": 1/sqrt(d); "model": 1/sqrt(num_hiddens); None: no scale
     use_wo: bool = True  # the concatenated heads go through W_o
-    concat: str = "blocks"  # "blocks" (right), "interleaved" (merged as (d, H)) or "reversed" (last head first)
+    concat: str = "blocks"  # "blocks" (right), "interleaved" (merged as (d, H)), "reversed" (last head first)
+    # or "no_transpose" ((B, H, Q, d) reshaped straight to (B, Q, H*d))
     lens: str = "interleave"  # valid_lens per example ("interleave"), tiled with repeat ("repeat") or "ignore"d
     split: bool = True  # False: one head over all num_hiddens features
     softmax_dim: int = -1  # the axis the softmax normalises (-1: the keys)
@@ -96,6 +97,8 @@ def _variant(net, queries, keys, values, valid_lens=None, **switches):
         cat = out.transpose(1, 2).flatten(2)  # (B, Q, H*d), head h in features h*d .. (h+1)*d - 1
     elif m.concat == "interleaved":
         cat = out.permute(0, 2, 3, 1).flatten(2)  # (B, Q, d*H): feature j of every head, then j+1, ...
+    elif m.concat == "no_transpose":  # reads (B, H, Q, d) in memory order: mixes positions and heads
+        cat = out.reshape(out.shape[0], out.shape[2], -1)
     else:  # "reversed"
         cat = out.flip(1).transpose(1, 2).flatten(2)
     return net.W_o(cat) if m.use_wo else cat
@@ -139,6 +142,11 @@ _MISTAKES = [
     (
         "heads concatenated in the wrong order (last head first); head h must fill features h*d .. (h+1)*d - 1",
         dict(concat="reversed"),
+    ),
+    (
+        "heads merged without the transpose: reshaping (B, H, Q, d) straight to (B, Q, H*d) mixes positions and "
+        "heads; transpose to (B, Q, H, d) first, then flatten the last two axes",
+        dict(concat="no_transpose"),
     ),
     (
         "looks like `repeat` instead of `repeat_interleave` for valid_lens: row b*H + h of the folded "

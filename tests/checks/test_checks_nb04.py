@@ -18,6 +18,7 @@ from mha_tutorial.checks import (
     check_torch_mha_params,
 )
 from mha_tutorial.checks.nb04 import _forward_cases, _variant
+from mha_tutorial.core.attention import masked_softmax
 
 
 def mha_right(net, queries, keys, values, valid_lens=None):
@@ -55,10 +56,6 @@ def test_mha_forward_accepts_right_answer(capsys):
     assert "✓ check_mha_forward: passed on 3 cases" in capsys.readouterr().out
 
 
-def mha_no_wo(net, queries, keys, values, valid_lens=None):
-    return _variant(net, queries, keys, values, valid_lens, use_wo=False)
-
-
 def mha_no_scale(net, queries, keys, values, valid_lens=None):
     H, d = net.num_heads, net.head_size
     q, k, v = (transpose_qkv(W(x), H) for W, x in ((net.W_q, queries), (net.W_k, keys), (net.W_v, values)))
@@ -77,12 +74,11 @@ def mha_repeat(net, queries, keys, values, valid_lens=None):
     return net.W_o(transpose_output(out, H))
 
 
-def mha_interleaved(net, queries, keys, values, valid_lens=None):
-    return _variant(net, queries, keys, values, valid_lens, concat="interleaved")
-
-
-def mha_calls_net(net, queries, keys, values, valid_lens=None):
-    return net(queries, keys, values, valid_lens)
+def mha_merged_by_reshape(net, q, k, v, valid_lens=None):  # notebook 03's classic slip
+    H, d = net.num_heads, net.head_size
+    q, k, v = (W(x).unflatten(-1, (H, d)).transpose(1, 2) for W, x in ((net.W_q, q), (net.W_k, k), (net.W_v, v)))
+    out = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(d), valid_lens) @ v  # (B, H, Q, d)
+    return net.W_o(out.reshape(out.shape[0], out.shape[2], -1))  # no transpose back to (B, Q, H, d)
 
 
 def mha_edits_weights(net, queries, keys, values, valid_lens=None):
@@ -94,16 +90,17 @@ def mha_edits_weights(net, queries, keys, values, valid_lens=None):
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (mha_no_wo, "forgot the output projection"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, use_wo=False), "forgot the output projection"),
         (mha_no_scale, "forgot the 1/sqrt(d) scale"),
         (mha_repeat, "`repeat` instead of `repeat_interleave`"),
-        (mha_interleaved, "wrong order"),
+        (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, concat="interleaved"), "wrong order"),
+        (mha_merged_by_reshape, "merged without the transpose"),
         (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, concat="reversed"), "last head first"),
         (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, scale="model"), "1/sqrt(num_hiddens)"),
         (lambda net, q, k, v, vl=None: _variant(net, q, k, v, None), "valid_lens is ignored"),
         (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, split=False, scale="model"), "never split"),
         (lambda net, q, k, v, vl=None: _variant(net, q, k, v, vl, softmax_dim=-2), "wrong axis"),
-        (mha_calls_net, "called net(...) itself"),
+        (lambda net, q, k, v, vl=None: net(q, k, v, vl), "called net(...) itself"),
         (mha_edits_weights, "changed net.W_o.weight"),
         (lambda net, q, k, v, vl=None: mha_right(net, q, k, v, vl) + 1e-3, "wrong values"),
     ],
@@ -185,22 +182,18 @@ def off_in_place(net, X, h):
     return net(X, X, X)
 
 
-def off_next_head(net, X, h):
-    return off_right(net, X, (h + 1) % net.num_heads)
-
-
 def off_with_head_mask(net, X, h):
     gates = torch.ones(net.num_heads)
     gates[h] = 0
     return net(X, X, X, head_mask=gates)
 
 
-def off_queries(net, X, h):
+def off_queries(net, X, h, with_bias=True):
     other = copy.deepcopy(net)
     d = net.head_size
     with torch.no_grad():
         other.W_q.weight[h * d : (h + 1) * d] = 0
-        if other.W_q.bias is not None:
+        if with_bias and other.W_q.bias is not None:
             other.W_q.bias[h * d : (h + 1) * d] = 0
     return other(X, X, X)
 
@@ -210,9 +203,10 @@ def off_queries(net, X, h):
     [
         (off_rows, "zeroed rows of W_o.weight"),
         (off_in_place, "in place"),
-        (off_next_head, "instead of head"),
+        (lambda net, X, h: off_right(net, X, (h + 1) % net.num_heads), "instead of head"),
         (off_with_head_mask, "without head_mask"),
         (off_queries, "attend uniformly"),
+        (lambda net, X, h: off_queries(net, X, h, with_bias=False), "W_q's weight rows of head h but not its bias"),
         (lambda net, X, h: net(X, X, X), "nothing was switched off"),
     ],
 )
