@@ -27,7 +27,7 @@ from .device import get_device
 from .models.model import ModelConfig, build_model
 from .models.tasks import get_task, load_split
 from .models.train import evaluate, load_pretrained, train
-from .modern.gqa import mha_to_gqa
+from .modern.gqa import mha_to_gqa, prune_kv_groups
 from .pretrained.bert import BertConfig, BertEncoder, mean_pool
 from .pretrained.bert_heads import category_profile, clark_categories, head_token_stats, plot_category_profile
 from .pretrained.llama import LlamaConfig, LlamaDecoder
@@ -50,6 +50,7 @@ __all__ = [
     "LayerCache",
     "cache_bytes",
     "mha_to_gqa",
+    "prune_kv_groups",
     "apply_rope",
     "interleaved_to_half",
     "rope_angles",

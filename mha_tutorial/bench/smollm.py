@@ -61,7 +61,7 @@ def race(ours, theirs, ids: torch.Tensor, new_tokens: int, rounds: int) -> dict:
     }
 
 
-def run(new_tokens=(32, 128), prompt_repeats=(1, 16), rounds: int = 5) -> list[dict]:
+def run(new_tokens=(32, 128), prompt_repeats=(1, 16), rounds: int = 3) -> list[dict]:
     """Both models loaded once; one row per (prompt length, new tokens)."""
     from ..pretrained.llama_hf import to_transformers
     from ..pretrained.smollm import load_smollm, load_smollm_tokenizer

@@ -36,7 +36,7 @@ from . import _validate_rope as validate_rope
 from .attention import DotProductAttention
 from .heads import transpose_output
 from .masks import and_causal, as_4d, combine_masks, fold_heads
-from .rope import apply_rope
+from .rope import apply_rope, rotate_range
 
 # F.scaled_dot_product_attention(..., enable_gqa=True) appeared in PyTorch 2.5.
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -138,12 +138,14 @@ class MultiHeadAttention(nn.Module):
         stand, which are the T new keys (self-attention: Q == K_new). By default 0..T-1, continuing the cache.
         """
         valid_lens = validate.mha_inputs(self, queries, keys, values, valid_lens, mask, head_mask, is_causal, kv_cache)
-        positions = self._positions(queries, keys, positions, kv_cache)  # (T,) or (B, T); None without rope_base
+        positions = self._positions(queries, keys, positions, kv_cache)  # (T,), (B, T), an int start, or None
         num_keys = keys.shape[1] if kv_cache is None else kv_cache.num_keys_after(keys.shape[1])  # cached + new
         if self.num_heads == 0:  # every head pruned: the sublayer contributes only W_o's bias
             return self._no_heads(queries, num_keys, need_weights)
         num_queries = queries.shape[1]
         q, k, v = self._project(queries, keys, values, kv_cache, positions)  # (B, H, Q, d), (B, H_kv, K, d) x 2
+        if is_causal and num_queries == 1:  # one query, aligned with the last key: the causal mask hides nothing
+            is_causal = False  # (a decoding step with a cache; PyTorch's kernel then runs without a mask)
         if not need_weights and is_causal and valid_lens is None and mask is None and num_queries == num_keys:
             return self._fused_forward(q, k, v, None, None, head_mask, is_causal=True)
         mask = and_causal(mask, num_queries, num_keys, queries.device) if is_causal else mask
@@ -152,12 +154,18 @@ class MultiHeadAttention(nn.Module):
         return self._step_forward(q, k, v, valid_lens, mask, head_mask)
 
     def _positions(self, queries, keys, positions, kv_cache):
-        """The positions (T,) or (B, T) of the new queries and keys, checked; None for a layer without rope_base."""
+        """Where the new queries and keys stand, checked: positions (T,) or (B, T) as given; by default the int
+        start of 0..T-1 continuing the cache (``rotate_range`` then reuses its cos and sin); None without rope_base."""
         positions = validate_rope.attention_positions(self, queries, keys, positions, kv_cache)
         if positions is None and self.rope_base is not None:
-            start = 0 if kv_cache is None else len(kv_cache)  # the cache's positions come first
-            positions = torch.arange(start, start + keys.shape[1], device=keys.device)  # (T,)
+            return 0 if kv_cache is None else len(kv_cache)  # the cache's positions come first
         return positions
+
+    def _rope(self, x, positions):
+        """x (B, heads, T, d) turned by its positions: a tensor of them, or the int start of a range."""
+        if isinstance(positions, int):
+            return rotate_range(x, positions, self.rope_base)
+        return apply_rope(x, positions, self.rope_base)
 
     def _project(self, queries, keys, values, kv_cache, positions):
         """queries (B, Q, q_size) -> q (B, H, Q, d); keys, values -> every key and value (B, H_kv, K, d).
@@ -166,7 +174,7 @@ class MultiHeadAttention(nn.Module):
         H, d = self.num_heads, self.head_size
         q = self.W_q(queries).unflatten(-1, (H, d)).transpose(1, 2)  # (B, H, Q, d)
         if positions is not None:
-            q = apply_rope(q, positions, self.rope_base)  # (B, H, Q, d): query i turned by its position's angles
+            q = self._rope(q, positions)  # (B, H, Q, d): query i turned by its position's angles
         k, v = self._keys_values(keys, values, kv_cache, positions)  # (B, H_kv, K, d) each
         return q, k, v
 
@@ -179,7 +187,7 @@ class MultiHeadAttention(nn.Module):
         k = self.W_k(keys).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
         v = self.W_v(values).unflatten(-1, (H_kv, d)).transpose(1, 2)  # (B, H_kv, K_new, d)
         if positions is not None:
-            k = apply_rope(k, positions, self.rope_base)  # (B, H_kv, K_new, d); v is never rotated
+            k = self._rope(k, positions)  # (B, H_kv, K_new, d); v is never rotated
         if kv_cache is None:
             return k, v
         return kv_cache.update(k, v)  # (B, H_kv, K, d): the cached positions, then the new ones

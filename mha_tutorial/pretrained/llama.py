@@ -155,6 +155,12 @@ class LlamaDecoder(nn.Module):
         ``need_weights=True`` keeps every layer's weights (B, H, T, K) in ``layers[i].self_attn.attention_weights``
         (the step-by-step path: slower, the same numbers to float rounding).
         """
+        return self.head(self.features(tokens, cache, head_mask=head_mask, need_weights=need_weights))  # (B, T, V)
+
+    def features(self, tokens, cache: KVCache | None = None, *, head_mask=None, need_weights: bool = False):
+        """tokens (B, T) -> the final normalised states (B, T, D), which the output head turns into logits;
+        ``forward``'s arguments. (``generate`` needs the logits of the last position only: it applies the head there.)
+        """
         self._check_tokens(tokens, cache)
         self._check_head_mask(head_mask, need_weights)
         X = self.embedding(tokens)  # (B, T, D)
@@ -164,7 +170,7 @@ class LlamaDecoder(nn.Module):
             X = block(X, layer_cache, layer_mask, need_weights)  # (B, T, D)
         if cache is not None:
             cache.extend(tokens.shape[1], None, tokens.shape[0], tokens.device)  # the cache has seen T more
-        return self.head(self.norm(X))  # (B, T, V)
+        return self.norm(X)  # (B, T, D)
 
     def _check_tokens(self, tokens, cache) -> None:
         if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int32, torch.int64):
@@ -219,7 +225,7 @@ class LlamaDecoder(nn.Module):
         out, done = tokens, torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)  # (B, T), (B,)
         for _ in range(max_new_tokens):
             new = out if cache is None else out[:, cache.length :]  # (B, t) without a cache, (B, 1) after step 1
-            next_ids = self(new, cache)[:, -1].argmax(dim=-1)  # (B,): the last position's best token
+            next_ids = self.head(self.features(new, cache)[:, -1]).argmax(dim=-1)  # (B,): the last position's best
             if eos_id is not None:
                 next_ids = next_ids.masked_fill(done, eos_id)  # finished rows stay finished
                 done = done | (next_ids == eos_id)

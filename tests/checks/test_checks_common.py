@@ -90,9 +90,10 @@ def test_every_check_is_one_function_under_both_names():
         nb11,
         nb12,
         nb13,
+        nb14,
     )
 
-    modules = (nb01, nb01a, nb02, nb03, nb04, nb04a, nb05, nb05a, nb06, nb07, nb08, nb09, nb10, nb11, nb12, nb13)
+    modules = (nb01, nb01a, nb02, nb03, nb04, nb04a, nb05, nb05a, nb06, nb07, nb08, nb09, nb10, nb11, nb12, nb13, nb14)
     names = [name for module in modules for name in module.__all__]
     assert sorted(names) == sorted(n for n in checks.__all__ if n.startswith("check_"))
     for module in modules:

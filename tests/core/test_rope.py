@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 
-from mha_tutorial.core.rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies
+from mha_tutorial.core.rope import apply_rope, interleaved_to_half, rope_angles, rope_frequencies, rotate_range
 
 from testkit import TOL64
 
@@ -230,3 +230,31 @@ def test_bad_input_is_rejected_before_any_arithmetic(call, error, fragment):
 
 def test_lists_of_positions_are_accepted():
     torch.testing.assert_close(apply_rope(X + 1, [0, 1, 2, 3]), apply_rope(X + 1, T4))
+
+
+# ---- rotate_range: the cached path the attention layer takes for positions start .. start + T - 1 -----------------
+@given(
+    start=st.integers(0, 5000),
+    T=st.integers(1, 6),
+    half=st.integers(1, 8),
+    layout=st.sampled_from(["half", "interleaved"]),
+)
+def test_rotate_range_is_apply_rope_on_the_range_bit_for_bit(start, T, half, layout):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        x = torch.randn(2, 3, T, 2 * half).to(dtype)
+        expected = apply_rope(x, torch.arange(start, start + T), 500.0, layout)
+        assert torch.equal(rotate_range(x, start, 500.0, layout), expected)
+        assert torch.equal(rotate_range(x, start, 500.0, layout), expected)  # again, from the cache
+
+
+def test_rotate_range_made_under_inference_mode_still_trains():
+    """The cache keys on inference mode: cos/sin made under it would otherwise break a later backward pass."""
+    x = torch.randn(1, 2, 3, 4)
+    with torch.inference_mode():
+        rotate_range(x, 7, 100.0)
+    leaf = x.clone().requires_grad_(True)
+    rotate_range(leaf, 7, 100.0).sum().backward()
+    expected = torch.autograd.functional.vjp(
+        lambda t: apply_rope(t, torch.arange(7, 10), 100.0), x, torch.ones_like(x)
+    )[1]
+    torch.testing.assert_close(leaf.grad, expected)

@@ -265,3 +265,28 @@ def test_generation_stops_at_eos(ours, tokenizer):
     early = ours.generate(ids, 3, eos_id=stop)
     assert torch.equal(early, full[:, : ids.shape[1] + 2])  # stopped right after it
     assert smollm.smollm_generate(ours, TEXTS[0], max_new_tokens=2) == " Paris."
+
+
+# ---- notebook 14's tools on the real model ----------------------------------------------------------------------
+def test_copy_into_transformers_computes_our_logits(ours, tokenizer):
+    from mha_tutorial.pretrained.llama_hf import to_transformers
+
+    theirs = to_transformers(ours)
+    assert theirs.lm_head.weight is theirs.model.embed_tokens.weight
+    ids = ids_of(tokenizer, TEXTS[1])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids), atol=ATOL, rtol=0)
+
+
+def test_one_shipped_importance_is_re_measured(ours, tokenizer):
+    """The most important K/V group of the shipped study, measured again from scratch."""
+    from mha_tutorial.pretrained import smollm_study as study
+
+    shipped = study.load_study()
+    groups = torch.tensor(shipped["group_importance"])  # (L, H_kv)
+    layer, group = divmod(int(groups.argmax()), 3)
+    selection = study.eval_windows(tokenizer, "selection")
+    base = study.perplexity(ours, selection)
+    rise = study.perplexity(ours, selection, study.group_mask(ours, [(layer, group)])) - base
+    assert base == pytest.approx(shipped["selection_ppl"], rel=1e-3)
+    assert rise == pytest.approx(groups[layer, group].item(), rel=1e-3)

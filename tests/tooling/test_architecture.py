@@ -12,7 +12,8 @@ Layers, bottom to top; a module may import its own layer and the ones below, nev
 2. the tiny models (``models.blocks``, ``models.model``) and their checks;
 3. the tasks and training, and their checks;
 4. what is built on trained models: inspecting and pruning heads, figures, studies, benchmarks;
-5. the pretrained encoder and what uses it, the notebooks' checks, and the package's ``__init__``.
+5. the pretrained models and what uses them (the SmolLM2 benchmark, the benchmarks' command line), the notebooks'
+   checks, and the package's ``__init__``.
 
 Every import counts, at the top of a module or inside a function (a lazy import is still a dependency: it only
 runs later), except those under ``if TYPE_CHECKING:``, which never run. On top of the layers: no import cycle at
@@ -91,6 +92,8 @@ LAYERS = {
     "pretrained.retrieval_study": 5,
     "pretrained._validate_pretrained": 5,
     "checks": 5,
+    "bench.smollm": 5,  # a benchmark of the pretrained decoder
+    "bench.__main__": 5,  # the benchmarks' command line, reaching every benchmark
     "__init__": 5,
 }
 

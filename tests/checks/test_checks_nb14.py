@@ -1,0 +1,415 @@
+"""The exercise checks of notebook 14 (SmolLM2's heads) pass right answers and name typical wrong ones."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn import functional as F
+
+import mha_tutorial as mt
+from mha_tutorial import checks
+from mha_tutorial.checks import nb14
+from mha_tutorial.core import mha
+from mha_tutorial.modern import gqa
+from mha_tutorial.pretrained import smollm_study
+
+from testkit import fails_with
+
+# Exercise 1: the attention-sink score.
+
+
+def sink_loop(weights):
+    H, T = weights.shape[0], weights.shape[-1]
+    out = torch.zeros(H, dtype=weights.dtype)
+    for h in range(H):
+        for i in range(1, T):
+            out[h] += weights[h, i, 0] / (T - 1)
+    return out
+
+
+def sink_vectorised(weights):
+    return weights[:, 1:, 0].mean(-1)
+
+
+def uniform_loop(T):
+    return sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
+
+
+def uniform_harmonic(T):
+    """(H_T - 1) / (T - 1) as a 0-d float64 tensor (accepted like a float)."""
+    return (1 / torch.arange(1, T + 1, dtype=torch.float64)).sum().sub(1) / (T - 1)
+
+
+@pytest.mark.parametrize(
+    "sink, uniform",
+    [(sink_loop, uniform_loop), (sink_vectorised, uniform_harmonic)],
+    ids=["loops", "vectorised"],
+)
+def test_sink_right_answers_pass(sink, uniform, capsys):
+    checks.check_sink_score(sink, uniform)
+    assert "✓ check_sink_score: passed on 11 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "sink, fragment",
+    [
+        (lambda w: w[:, :, 0].mean(-1), "query 0 is included"),
+        (lambda w: w[:, 0, 1:].mean(-1), "you read query 0's row"),
+        (lambda w: w[:, 1:, :].mean(-1).mean(-1), "averaged each query's weights over the keys"),
+        (lambda w: w[:, 0, :].mean(-1), "averaged each query's weights over the keys"),
+        (lambda w: w[:, 1:, -1].mean(-1), "the weight on the last key"),
+        (lambda w: w.diagonal(dim1=-2, dim2=-1)[:, 1:].mean(-1), "the weight each query puts on itself"),
+        (lambda w: w[:, 1:, 0].sum(-1), "you summed the weights on key 0"),
+        (lambda w: w[:, 1:, 0].mean(0), "averaged over the heads, not the queries"),
+        (lambda w: w[:, 1:, 0].mean(), "one number for all heads"),
+        (lambda w: w.mean(1), "averaged whole rows over the queries"),
+        (lambda w: w[:, 1:].mean(1), "averaged whole rows over the queries"),
+        (lambda w: w[:, 1:, 0].mean(-1).double(), "keep the weights' dtype"),
+        (lambda w: w[:, 1:, 0].mean(-1).tolist(), "expected a tensor, got list"),
+        (lambda w: w[:, 1:, 0].mean(-1)[None], "wrong shape"),
+        (lambda w: w[:, 1:, 0].mean(-1) * 1.001, "wrong values"),
+        (lambda w: w.mul_(1.0)[:, 1:, 0].add_(1.0).mean(-1), "changed the weights in place"),
+    ],
+    ids=["query-0", "row-0", "keys-mean", "row-0-mean", "last-key", "diagonal", "sum", "over-heads", "scalar",
+         "rows", "rows-1", "dtype", "list", "shape", "other", "in-place"],
+)  # fmt: skip
+def test_sink_mistakes_are_named(sink, fragment):
+    fails_with(lambda fn: checks.check_sink_score(fn, uniform_loop), sink, fragment)
+
+
+def uniform_stub(T):
+    raise NotImplementedError("Exercise 1b: not written yet")
+
+
+@pytest.mark.parametrize(
+    "uniform, fragments",
+    [
+        (lambda T: sum(1 / (i + 1) for i in range(T)) / T, ["query 0 is included", "H_T / T"]),
+        (lambda T: 1 / T, ["1/T is an even head without a mask"]),
+        (lambda T: sum(1 / i for i in range(1, T)) / (T - 1), ["off by one", "not 1 / i"]),
+        (lambda T: sum(1 / (i + 1) for i in range(1, T)), ["you summed 1 / (i + 1)"]),
+        (lambda T: uniform_loop(T) * 1.01, ["expected", "the mean of 1 / (i + 1) over i = 1 .. T-1"]),
+        (lambda T: [uniform_loop(T)], ["uniform_sink must return one number", "got list"]),
+        (lambda T: torch.tensor([uniform_loop(T)]), ["uniform_sink must return one number", "got Tensor"]),
+        (lambda T: True, ["got bool"]),
+    ],
+    ids=["query-0", "unmasked", "one-over-i", "sum", "other", "list", "1d-tensor", "bool"],
+)
+def test_uniform_mistakes_are_named(uniform, fragments):
+    fails_with(lambda fn: checks.check_sink_score(sink_vectorised, fn), uniform, "uniform_sink(", *fragments)
+
+
+def test_sink_without_uniform_asks_for_it(monkeypatch, capsys):
+    fails_with(checks.check_sink_score, sink_vectorised, "pass your uniform_sink too")
+    checks.check_sink_score(sink_vectorised, uniform_stub)  # sink_score written, uniform_sink not yet
+    assert "check_sink_score: not attempted yet (Exercise 1b: not written yet)" in capsys.readouterr().out
+    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
+    fails_with(lambda fn: checks.check_sink_score(sink_vectorised, fn), uniform_stub, "not attempted")
+
+
+def test_the_sink_references_know_their_answers():
+    """The known heads give the even head's closed form, 1 and 1/(T-1); the loop agrees with a vectorised mean."""
+    T = 6
+    expected = torch.tensor([uniform_harmonic(T), 1.0, 1 / (T - 1)], dtype=torch.float64)
+    torch.testing.assert_close(nb14._sink_loop(nb14._known_heads(T)), expected, rtol=0, atol=1e-15)
+    for case, weights in nb14._sink_cases(torch.Generator().manual_seed(0)):
+        assert torch.allclose(weights.sum(-1), torch.ones(()).to(weights), atol=1e-6), case
+        assert bool((weights.triu(1) == 0).all()), case  # causal: nothing above the diagonal
+        torch.testing.assert_close(nb14._sink_loop(weights), sink_vectorised(weights.double()))
+
+
+@given(st.integers(2, 500))
+def test_the_uniform_reference_is_the_sink_score_of_an_even_head(T):
+    even = torch.ones(T, T, dtype=torch.float64).tril()
+    even = even / even.sum(-1, keepdim=True)  # query i: 1 / (i + 1) on each of its keys
+    assert math.isclose(nb14._uniform_loop(T), float(sink_vectorised(even[None])[0]), rel_tol=1e-12)
+    assert math.isclose(nb14._uniform_loop(T), float(uniform_harmonic(T)), rel_tol=1e-12)
+
+
+# Exercise 2: find the bug in drop_group (the notebook's helpers and its buggy function, then fixes).
+
+
+def keep_rows(linear, rows):
+    new = nn.Linear(linear.in_features, len(rows), bias=linear.bias is not None, dtype=linear.weight.dtype)
+    new.weight.copy_(linear.weight[rows])
+    if linear.bias is not None:
+        new.bias.copy_(linear.bias[rows])
+    return new
+
+
+def keep_columns(linear, columns):
+    new = nn.Linear(len(columns), linear.out_features, bias=linear.bias is not None, dtype=linear.weight.dtype)
+    new.weight.copy_(linear.weight[:, columns])
+    if linear.bias is not None:
+        new.bias.copy_(linear.bias)
+    return new
+
+
+@torch.no_grad()
+def drop_group(layer, group, *, rule="groups", kv_shift=0, o_rows=False, kv_removed=True, update=True):
+    """The notebook's function; ``rule="strided"`` is its bug, the other keywords switch on other slips."""
+    H, H_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+    G = H // H_kv
+    gone = {"groups": lambda h: h // G, "strided": lambda h: h % H_kv, "by_kv": lambda h: h // H_kv,
+            "next": lambda h: h // G - 1}[rule]  # fmt: skip
+    q_heads = [h for h in range(H) if gone(h) != group]
+    kv_heads = [j for j in range(H_kv) if j != group + kv_shift]
+    q_rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in q_heads])
+    kv_rows = torch.cat([torch.arange(j * d, (j + 1) * d) for j in kv_heads])
+    layer.W_q, layer.W_o = keep_rows(layer.W_q, q_rows), (keep_rows if o_rows else keep_columns)(layer.W_o, q_rows)
+    if kv_removed:
+        layer.W_k, layer.W_v = keep_rows(layer.W_k, kv_rows), keep_rows(layer.W_v, kv_rows)
+    if update:
+        layer.num_heads = len(q_heads)
+
+
+def drop_and_return(layer, group):
+    drop_group(layer, group)
+    return layer
+
+
+@pytest.mark.parametrize("fn", [drop_group, drop_and_return], ids=["in-place", "returns-layer"])
+def test_drop_right_answers_pass(fn, capsys):
+    checks.check_drop_group(fn)
+    assert "✓ check_drop_group: passed on 11 cases" in capsys.readouterr().out
+
+
+def zero_output_bias(layer, group):
+    drop_group(layer, group)
+    layer.W_o.bias.zero_()
+
+
+def neighbour_both(layer, group):  # the whole neighbouring group removed
+    drop_group(layer, group + 1 if group + 1 < layer.num_kv_heads else group - 1)
+
+
+@pytest.mark.parametrize(
+    "fn, fragments",
+    [
+        (lambda layer, g: drop_group(layer, g, rule="strided"), ["h % H_kv == 0", "the strided rule",
+                                                                "group 0 is heads [0, 1, 2]"]),
+        (lambda layer, g: drop_group(layer, g, rule="by_kv"), ["h // H_kv == 0", "divide by G = H // H_kv = 3"]),
+        (lambda layer, g: drop_group(layer, g, rule="next"), ["off by one", "query heads of the neighbouring group"]),
+        (neighbour_both, ["off by one", "removed the neighbouring group 1", "instead of group 0"]),
+        (lambda layer, g: drop_group(layer, g, kv_shift=1 if g == 0 else -1), ["but K/V head 1",
+                                                                               "remove K/V head 0"]),
+        (lambda layer, g: drop_group(layer, g, kv_removed=False), ["W_k and W_v still hold all 2 K/V heads"]),
+        (lambda layer, g: drop_group(layer, g, o_rows=True), ["W_o lost rows", "keep_columns(layer.W_o, q_rows)"]),
+        (lambda layer, g: drop_group(layer, g, update=False), ["num_heads is 6 but W_q holds 3 heads",
+                                                               "it is still H"]),
+        (lambda layer, g: True, ["return None (or the layer), got bool"]),
+        (zero_output_bias, ["query heads 0 .. 2 off", "wrong values"]),
+    ],
+    ids=["strided", "by-kv", "next-q", "next-group", "kv-neighbour", "kv-kept", "o-rows", "num-heads", "returns-bool",
+         "bias"],
+)  # fmt: skip
+def test_drop_mistakes_are_named(fn, fragments):
+    message = fails_with(checks.check_drop_group, fn, "MultiHeadAttention(D=24, H=6, num_kv_heads=2)", *fragments)
+    assert "drop_group(layer, 0)" in message  # the first case names the mistake
+
+
+def test_drop_names_a_crash_of_the_layer_left_behind():
+    def narrow_values(layer, group):  # W_v loses an input feature: the layer cannot read its values any more
+        drop_group(layer, group)
+        layer.W_v = keep_columns(layer.W_v, torch.arange(layer.W_v.in_features - 1))
+
+    fails_with(checks.check_drop_group, narrow_values, "the layer your drop_group left fails when it runs",
+               "ValueError")  # fmt: skip
+
+
+def via_prune_heads(layer, group):
+    try:
+        layer.prune_heads([group])
+    except (ValueError, NotImplementedError):  # a grouped layer refuses: the learner falls back to the right answer
+        drop_group(layer, group)
+
+
+def via_prune_attention_heads(layer, group):
+    try:
+        mha.prune_attention_heads(layer, [group])
+    except (ValueError, NotImplementedError):
+        drop_group(layer, group)
+
+
+def via_select(layer, group):
+    mha._select(layer.W_o, torch.arange(2), dim=0)
+    drop_group(layer, group)
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda layer, g: gqa.prune_kv_groups(layer, [g]), "gqa.prune_kv_groups"),
+        (via_prune_heads, "MultiHeadAttention.prune_heads"),
+        (via_prune_attention_heads, "prune_attention_heads"),
+        (via_select, "_select"),
+    ],
+    ids=["prune_kv_groups", "prune_heads", "prune_attention_heads", "_select"],
+)
+def test_drop_refuses_the_package(fn, fragment):
+    fails_with(checks.check_drop_group, fn, fragment, "write that step yourself")
+
+
+@pytest.mark.parametrize("heads", [(6, 2), (9, 3), (8, 4)])
+def test_the_drop_references_agree(heads):
+    """Three ways to the same output: head_mask on the intact layer (the check's reference), the check's own removal
+    and the package's prune_kv_groups, in float64."""
+    H, H_kv = heads
+    torch.manual_seed(H)
+    layer = mt.MultiHeadAttention(4 * H, H, num_kv_heads=H_kv, bias=True, rope_base=10000.0).double().eval()
+    x = torch.randn(2, 5, 4 * H, dtype=torch.float64)
+    G = H // H_kv
+    for group in range(H_kv):
+        off = torch.ones(H, dtype=torch.float64)
+        off[group * G : (group + 1) * G] = 0.0
+        with torch.no_grad():
+            expected = layer(x, x, x, is_causal=True, head_mask=off)
+            ours = nb14._removed_output(layer, list(range(group * G, (group + 1) * G)), [group], x)
+            pruned = mt.MultiHeadAttention(4 * H, H, num_kv_heads=H_kv, bias=True, rope_base=10000.0).double()
+            pruned.load_state_dict(layer.state_dict())
+            gqa.prune_kv_groups(pruned, [group])
+            torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(pruned(x, x, x, is_causal=True), expected, rtol=1e-10, atol=1e-12)
+
+
+# Exercise 3: perplexity from logits.
+
+
+def perplexity_ce(logits, ids):
+    return float(F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).exp())
+
+
+def perplexity_loop(logits, ids):
+    B, T = ids.shape
+    log_p = logits.double().log_softmax(-1)
+    total = sum(-float(log_p[b, t, ids[b, t + 1]]) for b in range(B) for t in range(T - 1))
+    return math.exp(total / (B * (T - 1)))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [perplexity_ce, perplexity_loop, lambda lo, ids: F.cross_entropy(lo[:, :-1].transpose(1, 2), ids[:, 1:]).exp()],
+    ids=["cross_entropy", "loop", "0d-tensor"],
+)
+def test_perplexity_right_answers_pass(fn, capsys):
+    checks.check_perplexity(fn)
+    assert "✓ check_perplexity: passed on 6 cases" in capsys.readouterr().out
+
+
+def nll(logits, ids, *, shift="right"):
+    """(B, T') cross-entropies of each scored position, with the shift as the learner wrote it."""
+    log_p = logits.double().log_softmax(-1)
+    if shift == "none":
+        pairs = log_p, ids
+    elif shift == "none-short":
+        pairs = log_p[:, :-1], ids[:, :-1]
+    elif shift == "wrong-way":
+        pairs = log_p[:, 1:], ids[:, :-1]
+    elif shift == "wrap":
+        pairs = log_p, ids.roll(-1, dims=1)
+    elif shift == "pad":
+        pairs = log_p, torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+    else:
+        pairs = log_p[:, :-1], ids[:, 1:]
+    return -pairs[0].gather(-1, pairs[1][..., None])[..., 0]
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda lo, ids: float(nll(lo, ids, shift="none").mean().exp()), "no shift"),
+        (lambda lo, ids: float(nll(lo, ids, shift="none-short").mean().exp()), "no shift"),
+        (lambda lo, ids: float(nll(lo, ids, shift="wrong-way").mean().exp()), "shifted the wrong way"),
+        (lambda lo, ids: float(nll(lo, ids, shift="wrap").mean().exp()), "wrapped around to token 0"),
+        (lambda lo, ids: float(nll(lo, ids, shift="pad").mean().exp()), "against a padding id 0"),
+        (lambda lo, ids: float(1 / (-nll(lo, ids)).exp().mean()), "inverted the mean probability"),
+        (lambda lo, ids: float(nll(lo, ids).exp().mean()), "averaged 1/p"),
+        (lambda lo, ids: float((nll(lo, ids) / math.log(2)).mean().exp()), "exp of a mean of -log2 p"),
+        (lambda lo, ids: float(2 ** nll(lo, ids).mean()), "2 ** a mean of -ln p"),
+        (lambda lo, ids: float(nll(lo, ids).mean()), "the mean cross-entropy (in nats)"),
+        (lambda lo, ids: float((-nll(lo, ids)).mean().exp()), "the sign is flipped"),
+        (lambda lo, ids: float(nll(lo, ids).mean(1).exp().mean()), "one perplexity per sequence"),
+        (lambda lo, ids: float(nll(lo, ids).sum().exp()), "summed the cross-entropies"),
+        (lambda lo, ids: float((nll(lo, ids).sum() / ids.numel()).exp()), "you divided by B*T"),
+        (lambda lo, ids: perplexity_ce(lo, ids) * 1.01, "exp of the mean of -log p"),
+        (lambda lo, ids: [perplexity_ce(lo, ids)], "got list"),
+        (lambda lo, ids: perplexity_ce(lo.mul_(1.0).add_(1.0), ids), "changed its inputs in place"),
+    ],
+    ids=["no-shift", "no-shift-short", "wrong-way", "wrap", "pad", "inverse-mean-p", "mean-inverse-p", "exp-log2",
+         "2-ln", "no-exp", "sign", "per-sequence", "sum", "b-times-t", "other", "list", "in-place"],
+)  # fmt: skip
+def test_perplexity_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_perplexity, fn, fragment)
+
+
+def naive_softmax(logits, ids):
+    e = logits.exp()
+    p = e / e.sum(-1, keepdim=True)  # (B, T, V): inf / inf for large logits
+    return float((-p[:, :-1].gather(-1, ids[:, 1:, None]).log()).mean().exp())
+
+
+def log_of_softmax(logits, ids):
+    log_p = logits.softmax(-1).log()  # a probability below float32's range becomes log(0) = -inf
+    return float((-log_p[:, :-1].gather(-1, ids[:, 1:, None])).mean().exp())
+
+
+@pytest.mark.parametrize(
+    "fn, fragments",
+    [
+        (naive_softmax, ["near 100", "a softmax by exp / sum overflows", "log_softmax"]),
+        (log_of_softmax, ["110 below", "underflowed to 0", "not the log of softmax"]),
+    ],
+    ids=["overflow", "underflow"],
+)
+def test_perplexity_names_overflow_and_underflow(fn, fragments):
+    fails_with(checks.check_perplexity, fn, *fragments)
+
+
+def test_perplexity_log_base_2_is_the_same_number(capsys):
+    """2 ** (mean of -log2 p) is exp(mean of -ln p): a right answer, not a slip."""
+    checks.check_perplexity(lambda lo, ids: float(2 ** (nll(lo, ids) / math.log(2)).mean()))
+    assert "✓ check_perplexity" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda lo, ids: smollm_study.perplexity(lambda x, head_mask=None: lo, ids), "smollm_study.perplexity"),
+        (lambda lo, ids: smollm_study.masked_perplexity(
+            SimpleNamespace(layers=[], head=lambda x: x, norm=lambda x: x), ids, [lo], torch.ones(0, 1)),
+         "smollm_study.masked_perplexity"),
+    ],
+    ids=["perplexity", "masked_perplexity"],
+)  # fmt: skip
+def test_perplexity_refuses_the_package(fn, fragment):
+    fails_with(checks.check_perplexity, fn, fragment, "write that step yourself")
+
+
+@given(st.integers(1, 3), st.integers(2, 6), st.integers(2, 9), st.integers(0, 2**16))
+def test_the_perplexity_reference_agrees_with_cross_entropy(B, T, V, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(B, T, V, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    pairs = [(b, t, int(ids[b, t + 1])) for b in range(B) for t in range(T - 1)]
+    assert math.isclose(nb14._ppl(nb14._log_probs(logits, pairs)), perplexity_ce(logits, ids), rel_tol=1e-12)
+    flat = torch.zeros(B, T, V, dtype=torch.float64)  # every token equally likely: perplexity V
+    assert math.isclose(nb14._ppl(nb14._log_probs(flat, pairs)), V, rel_tol=1e-12)
+
+
+def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, capsys):
+    def stub(*args):
+        raise NotImplementedError("not written yet")
+
+    checks.check_sink_score(stub, uniform_stub)
+    checks.check_drop_group(stub)
+    checks.check_perplexity(stub)
+    assert capsys.readouterr().out.count("not attempted yet") == 3
+    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
+    for check in (checks.check_drop_group, checks.check_perplexity, lambda fn: checks.check_sink_score(fn, stub)):
+        fails_with(check, stub, "not attempted")
