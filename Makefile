@@ -72,7 +72,7 @@ unit-tools: install
 unit-rest: install
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests $(addprefix --ignore=,$(UNIT_TOOLS))
 
-# The two halves of `make nbval` for `make test`, of about equal running time: 01-06, 12 on and every companion of
+# The two halves of `make nbval` for `make test`, of about equal running time: 01-06, 12-14 and every companion of
 # solutions (they are fast), then 07-11 (07 and 09 take the longest).
 LATE := $(filter notebooks/07% notebooks/08% notebooks/09% notebooks/10% notebooks/11%,$(NOTEBOOKS))
 nbval-first: install

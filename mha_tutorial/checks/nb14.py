@@ -1,9 +1,9 @@
 """Checks for the exercises of notebook 14 (a real language model's heads: SmolLM2-135M).
 
-Exercise 1: each head's attention-sink score, the mean weight that queries 1 .. T-1 put on key 0 (query 0 sees only
-key 0), and the score of a head that spreads its weight evenly, (H_T - 1) / (T - 1). The references are plain loops.
-Query 0 included, a row or the last key read instead of key 0's column, a sum, means over heads or whole rows, and
-for the even head 1/T, H_T / T and the mean of 1/i are named.
+Exercise 1: each head's attention-sink score (the mean weight that queries 1 .. T-1 put on key 0; query 0 sees only
+key 0) divided by the score of a head that spreads its weight evenly, (H_T - 1) / (T - 1). The references are plain
+loops. Query 0 included, a row or the last key read instead of key 0's column, a sum, means over heads or whole rows,
+and for the even head 1/T, H_T / T, the mean of 1/i and a sum are named.
 
 Exercise 2: find the bug in a removal of one K/V group (it removes the strided query heads h % H_kv, not the group's
 G consecutive heads). The reference is the intact layer with the group's query heads off by ``head_mask``; the
@@ -30,7 +30,7 @@ from ..modern import gqa
 from ..pretrained import smollm_study
 from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed, refusing
 
-__all__ = ["check_drop_group", "check_perplexity", "check_sink_score"]
+__all__ = ["check_drop_group", "check_perplexity", "check_sink_ratio"]
 
 _DT = torch.float64
 _TOL64 = dict(atol=1e-12, rtol=1e-10)
@@ -119,47 +119,39 @@ def _diagnose_number(got, expected, mistakes, case, rel, what):
         raise CheckFailed(f"{case}: got {got:.6g}, expected {expected:.6g}: {next(close, what)}")
 
 
-def _check_uniform(uniform_sink) -> int:
-    """uniform_sink(T) for several T against the loop; returns the number of cases."""
-    if uniform_sink is None:
-        raise CheckFailed("pass your uniform_sink too: check_sink_score(sink_score, uniform_sink)")
-    sizes = (10, 3, 256, 4096, 2)
-    for T in sizes:
-        case = f"uniform_sink({T})"
-        got = _as_number(call(uniform_sink, T, case=case), case, "uniform_sink")
-        expected = _uniform_loop(T)
-        harmonic = math.fsum(1.0 / n for n in range(1, T + 1))  # H_T
-        mistakes = [
-            ("query 0 is included (the mean of 1 / (i + 1) over i = 0 .. T-1, H_T / T): the score leaves query 0 "
-             "out, so average over i = 1 .. T-1 only", harmonic / T),
-            ("1/T is an even head without a mask; under the causal mask query i sees i + 1 keys, so it gives key 0 "
-             "the weight 1 / (i + 1)", 1.0 / T),
-            ("off by one: query i sees keys 0 .. i, i + 1 of them, so its even weight is 1 / (i + 1), not 1 / i",
-             (harmonic - 1.0 / T) / (T - 1)),
-            ("you summed 1 / (i + 1) over the queries: take the mean, dividing by the T - 1 queries", harmonic - 1.0),
-        ]  # fmt: skip
-        _diagnose_number(got, expected, mistakes, case, 1e-5, "the mean of 1 / (i + 1) over i = 1 .. T-1")
-    return len(sizes)
+def _uniform_mistakes(T: int):
+    """(what is wrong, the value it gives) for the slips of the even head's score at T."""
+    harmonic = math.fsum(1.0 / n for n in range(1, T + 1))  # H_T
+    yield ("query 0 is included in the even head's score (the mean of 1 / (i + 1) over i = 0 .. T-1, H_T / T): "
+           "leave query 0 out, averaging over i = 1 .. T-1 only", harmonic / T)  # fmt: skip
+    yield ("1/T is an even head without a mask; under the causal mask query i sees i + 1 keys, so it gives key 0 "
+           "the weight 1 / (i + 1)", 1.0 / T)  # fmt: skip
+    yield ("off by one in the even head: query i sees keys 0 .. i, i + 1 of them, so its even weight is 1 / (i + 1), "
+           "not 1 / i", (harmonic - 1.0 / T) / (T - 1))  # fmt: skip
+    yield ("you summed the even head's 1 / (i + 1) over the queries: take the mean, dividing by the T - 1 queries",
+           harmonic - 1.0)  # fmt: skip
 
 
 @friendly
 @torch.no_grad()
-def check_sink_score(sink_score, uniform_sink=None) -> None:
-    """``sink_score(weights (H, T, T))`` -> (H,), ``uniform_sink(T)`` -> float: the sink score of an even head."""
+def check_sink_ratio(sink_ratio) -> None:
+    """``sink_ratio(weights (H, T, T))`` -> (H,): each head's sink score over an evenly spreading head's at that T."""
     g = torch.Generator().manual_seed(141)
     cases = _sink_cases(g)
     for case, weights in cases:
         given = weights.clone()
-        got = expect_tensor(call(sink_score, given, case=case), case)
+        got = expect_tensor(call(sink_ratio, given, case=case), case)
         if not torch.equal(given, weights):
             raise CheckFailed(f"{case}: your function changed the weights in place; work on a copy")
         if got.dtype != weights.dtype:
             raise CheckFailed(f"{case}: the result is {got.dtype}, expected {weights.dtype}: keep the weights' dtype")
         tol = _TOL64 if weights.dtype == _DT else _TOL32
         w = weights.double()
-        diagnose(got.double(), _sink_loop(w), _sink_mistakes(w), case, **tol)
-    count = len(cases) + _check_uniform(uniform_sink)
-    passed("check_sink_score", count)
+        even, score = _uniform_loop(w.shape[-1]), _sink_loop(w)  # a float; (H,)
+        mistakes = [(why, wrong / even) for why, wrong in _sink_mistakes(w)]
+        mistakes += [(why, score / wrong) for why, wrong in _uniform_mistakes(w.shape[-1])]
+        diagnose(got.double(), score / even, mistakes, case, **tol)
+    passed("check_sink_ratio", len(cases))
 
 
 # =====================================================================================================

@@ -21,7 +21,7 @@ from mha_tutorial.pretrained import smollm_study
 
 from testkit import fails_with
 
-# Exercise 1: the attention-sink score.
+# Exercise 1: the attention-sink score over the even head's.
 
 
 def sink_loop(weights):
@@ -46,14 +46,23 @@ def uniform_harmonic(T):
     return (1 / torch.arange(1, T + 1, dtype=torch.float64)).sum().sub(1) / (T - 1)
 
 
-@pytest.mark.parametrize(
-    "sink, uniform",
-    [(sink_loop, uniform_loop), (sink_vectorised, uniform_harmonic)],
-    ids=["loops", "vectorised"],
-)
-def test_sink_right_answers_pass(sink, uniform, capsys):
-    checks.check_sink_score(sink, uniform)
-    assert "✓ check_sink_score: passed on 11 cases" in capsys.readouterr().out
+def ratio_loop(weights):
+    return sink_loop(weights) / uniform_loop(weights.shape[-1])
+
+
+def ratio_vectorised(weights):
+    return sink_vectorised(weights) / uniform_harmonic(weights.shape[-1]).item()
+
+
+def over_even(sink):
+    """A sink-score mistake, divided by the right even-head score: a wrong sink_ratio."""
+    return lambda w: sink(w) / uniform_loop(w.shape[-1])
+
+
+@pytest.mark.parametrize("ratio", [ratio_loop, ratio_vectorised], ids=["loops", "vectorised"])
+def test_sink_right_answers_pass(ratio, capsys):
+    checks.check_sink_ratio(ratio)
+    assert "✓ check_sink_ratio: passed on 6 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -70,47 +79,41 @@ def test_sink_right_answers_pass(sink, uniform, capsys):
         (lambda w: w[:, 1:, 0].mean(), "one number for all heads"),
         (lambda w: w.mean(1), "averaged whole rows over the queries"),
         (lambda w: w[:, 1:].mean(1), "averaged whole rows over the queries"),
-        (lambda w: w[:, 1:, 0].mean(-1).double(), "keep the weights' dtype"),
-        (lambda w: w[:, 1:, 0].mean(-1).tolist(), "expected a tensor, got list"),
-        (lambda w: w[:, 1:, 0].mean(-1)[None], "wrong shape"),
-        (lambda w: w[:, 1:, 0].mean(-1) * 1.001, "wrong values"),
-        (lambda w: w.mul_(1.0)[:, 1:, 0].add_(1.0).mean(-1), "changed the weights in place"),
     ],
     ids=["query-0", "row-0", "keys-mean", "row-0-mean", "last-key", "diagonal", "sum", "over-heads", "scalar",
-         "rows", "rows-1", "dtype", "list", "shape", "other", "in-place"],
+         "rows", "rows-1"],
 )  # fmt: skip
 def test_sink_mistakes_are_named(sink, fragment):
-    fails_with(lambda fn: checks.check_sink_score(fn, uniform_loop), sink, fragment)
+    fails_with(checks.check_sink_ratio, over_even(sink), fragment)
 
 
-def uniform_stub(T):
-    raise NotImplementedError("Exercise 1b: not written yet")
+@pytest.mark.parametrize(
+    "ratio, fragment",
+    [
+        (lambda w: ratio_loop(w).double(), "keep the weights' dtype"),
+        (lambda w: ratio_loop(w).tolist(), "expected a tensor, got list"),
+        (lambda w: ratio_loop(w)[None], "wrong shape"),
+        (lambda w: ratio_loop(w) * 1.001, "wrong values"),
+        (lambda w: sink_vectorised(w.mul_(1.0).add_(1.0)), "changed the weights in place"),
+    ],
+    ids=["dtype", "list", "shape", "other", "in-place"],
+)
+def test_sink_ratio_slips_are_named(ratio, fragment):
+    fails_with(checks.check_sink_ratio, ratio, fragment)
 
 
 @pytest.mark.parametrize(
     "uniform, fragments",
     [
-        (lambda T: sum(1 / (i + 1) for i in range(T)) / T, ["query 0 is included", "H_T / T"]),
+        (lambda T: sum(1 / (i + 1) for i in range(T)) / T, ["query 0 is included in the even head", "H_T / T"]),
         (lambda T: 1 / T, ["1/T is an even head without a mask"]),
         (lambda T: sum(1 / i for i in range(1, T)) / (T - 1), ["off by one", "not 1 / i"]),
-        (lambda T: sum(1 / (i + 1) for i in range(1, T)), ["you summed 1 / (i + 1)"]),
-        (lambda T: uniform_loop(T) * 1.01, ["expected", "the mean of 1 / (i + 1) over i = 1 .. T-1"]),
-        (lambda T: [uniform_loop(T)], ["uniform_sink must return one number", "got list"]),
-        (lambda T: torch.tensor([uniform_loop(T)]), ["uniform_sink must return one number", "got Tensor"]),
-        (lambda T: True, ["got bool"]),
+        (lambda T: sum(1 / (i + 1) for i in range(1, T)), ["you summed the even head's 1 / (i + 1)"]),
     ],
-    ids=["query-0", "unmasked", "one-over-i", "sum", "other", "list", "1d-tensor", "bool"],
+    ids=["query-0", "unmasked", "one-over-i", "sum"],
 )
-def test_uniform_mistakes_are_named(uniform, fragments):
-    fails_with(lambda fn: checks.check_sink_score(sink_vectorised, fn), uniform, "uniform_sink(", *fragments)
-
-
-def test_sink_without_uniform_asks_for_it(monkeypatch, capsys):
-    fails_with(checks.check_sink_score, sink_vectorised, "pass your uniform_sink too")
-    checks.check_sink_score(sink_vectorised, uniform_stub)  # sink_score written, uniform_sink not yet
-    assert "check_sink_score: not attempted yet (Exercise 1b: not written yet)" in capsys.readouterr().out
-    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
-    fails_with(lambda fn: checks.check_sink_score(sink_vectorised, fn), uniform_stub, "not attempted")
+def test_even_head_mistakes_are_named(uniform, fragments):
+    fails_with(checks.check_sink_ratio, lambda w: sink_vectorised(w) / uniform(w.shape[-1]), *fragments)
 
 
 def test_the_sink_references_know_their_answers():
@@ -406,10 +409,10 @@ def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, 
     def stub(*args):
         raise NotImplementedError("not written yet")
 
-    checks.check_sink_score(stub, uniform_stub)
+    checks.check_sink_ratio(stub)
     checks.check_drop_group(stub)
     checks.check_perplexity(stub)
     assert capsys.readouterr().out.count("not attempted yet") == 3
     monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
-    for check in (checks.check_drop_group, checks.check_perplexity, lambda fn: checks.check_sink_score(fn, stub)):
+    for check in (checks.check_drop_group, checks.check_perplexity, checks.check_sink_ratio):
         fails_with(check, stub, "not attempted")
