@@ -114,14 +114,14 @@ class LlamaBlock(nn.Module):
         self.norm2 = RMSNorm(config.num_hiddens, config.eps)
         self.mlp = SwiGLU(config.num_hiddens, config.ffn_num_hiddens)
 
-    def forward(self, X, layer_cache=None, head_mask=None, need_weights=False):
+    def forward(self, X, layer_cache=None, head_mask=None, need_weights=False, mask=None):  # noqa: PLR0913
         """X (B, T, D) -> (B, T, D). With ``layer_cache`` the T new positions follow the cached ones;
         ``head_mask`` (H,) scales each query head's output (0 switches it off)."""
         Y = self.norm1(X)  # (B, T, D)
         # need_weights=False: PyTorch's fused attention (the weights are not kept); is_causal hides the future,
         # aligned with the last keys when a cache holds earlier positions; the rotary positions continue it.
         attended = self.self_attn(
-            Y, Y, Y, head_mask=head_mask, need_weights=need_weights, is_causal=True, kv_cache=layer_cache
+            Y, Y, Y, mask=mask, head_mask=head_mask, need_weights=need_weights, is_causal=True, kv_cache=layer_cache
         )  # (B, T, D)
         X = X + attended
         return X + self.mlp(self.norm2(X))  # (B, T, D)
@@ -146,7 +146,7 @@ class LlamaDecoder(nn.Module):
         """("dec.i.self", layer i's attention): the names ``KVCache(model)`` keys its layer caches by."""
         return [(f"dec.{i}.self", block.self_attn) for i, block in enumerate(self.layers)]
 
-    def forward(self, tokens, cache: KVCache | None = None, *, head_mask=None, need_weights: bool = False):
+    def forward(self, tokens, cache: KVCache | None = None, *, head_mask=None, need_weights: bool = False, mask=None):
         """tokens (B, T) integer ids -> logits (B, T, V).
 
         ``cache`` (a ``KVCache(model)``): the tokens are positions cache.length .. cache.length + T - 1; their keys
@@ -154,10 +154,13 @@ class LlamaDecoder(nn.Module):
         ``head_mask`` (num_layers, H): row i scales layer i's query heads (0 switches a head off).
         ``need_weights=True`` keeps every layer's weights (B, H, T, K) in ``layers[i].self_attn.attention_weights``
         (the step-by-step path: slower, the same numbers to float rounding).
+        ``mask`` (bool, broadcastable to (B, H, T, K), True = may attend), AND-ed with the causal mask in every layer:
+        a sliding window, for example (notebook 14).
         """
-        return self.head(self.features(tokens, cache, head_mask=head_mask, need_weights=need_weights))  # (B, T, V)
+        features = self.features(tokens, cache, head_mask=head_mask, need_weights=need_weights, mask=mask)
+        return self.head(features)  # (B, T, V)
 
-    def features(self, tokens, cache: KVCache | None = None, *, head_mask=None, need_weights: bool = False):
+    def features(self, tokens, cache: KVCache | None = None, *, head_mask=None, need_weights: bool = False, mask=None):
         """tokens (B, T) -> the final normalised states (B, T, D), which the output head turns into logits;
         ``forward``'s arguments. (``generate`` needs the logits of the last position only: it applies the head there.)
         """
@@ -167,7 +170,7 @@ class LlamaDecoder(nn.Module):
         for i, block in enumerate(self.layers):
             layer_cache = None if cache is None else cache[f"dec.{i}.self"]
             layer_mask = None if head_mask is None else head_mask[i]  # (H,)
-            X = block(X, layer_cache, layer_mask, need_weights)  # (B, T, D)
+            X = block(X, layer_cache, layer_mask, need_weights, mask)  # (B, T, D)
         if cache is not None:
             cache.extend(tokens.shape[1], None, tokens.shape[0], tokens.device)  # the cache has seen T more
         return self.norm(X)  # (B, T, D)

@@ -209,3 +209,22 @@ def test_masked_perplexity_starting_at_the_first_masked_layer_equals_the_full_ru
         mask[layer, 2] = 0.5  # any value other than 1 counts as masked
         mask[2, 5] = 0.0
         assert study.masked_perplexity(model, ids, inputs, mask) == study.perplexity(model, ids, mask)
+
+
+def test_a_mask_is_and_ed_with_the_causal_mask_in_every_layer(model, ids):
+    """A sliding window through ``mask`` equals the step path with the window AND causal mask given by hand."""
+    T = ids.shape[1]
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    window = (j > i - 3) | (j == 0)  # (T, T): the last 3 keys and the first
+    with torch.no_grad():
+        got = model(ids, mask=window)
+        X = model.embedding(ids)
+        for block in model.layers:
+            Y = block.norm1(X)
+            X = X + block.self_attn(Y, Y, Y, mask=window & (j <= i))  # causal AND window, by hand
+            X = X + block.mlp(block.norm2(X))
+        expected = model.head(model.norm(X))
+        full = model(ids)
+    torch.testing.assert_close(got, expected)
+    assert (got - full).abs().max() > 1e-3  # the window changes something
+    torch.testing.assert_close(model(ids, mask=torch.ones(T, T, dtype=torch.bool)), full)
