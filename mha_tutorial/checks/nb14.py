@@ -145,7 +145,7 @@ def check_sink_ratio(sink_ratio) -> None:
             raise CheckFailed(f"{case}: your function changed the weights in place; work on a copy")
         if got.dtype != weights.dtype:
             raise CheckFailed(f"{case}: the result is {got.dtype}, expected {weights.dtype}: keep the weights' dtype")
-        tol = _TOL64 if weights.dtype == _DT else _TOL32
+        tol = _TOL32  # a float32 baseline (or sum) is a fine answer, even for float64 weights
         w = weights.double()
         even, score = _uniform_loop(w.shape[-1]), _sink_loop(w)  # a float; (H,)
         mistakes = [(why, wrong / even) for why, wrong in _sink_mistakes(w)]

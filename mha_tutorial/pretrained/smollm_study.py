@@ -82,9 +82,10 @@ def eval_windows(tokenizer, split: str, window: int = WINDOW) -> torch.Tensor:
 
 
 @torch.no_grad()
-def perplexity(model: LlamaDecoder, ids: torch.Tensor, head_mask=None) -> float:
-    """exp(mean cross-entropy of each next token) over every window of ids (B, T): T - 1 predictions per window."""
-    logits = model(ids, head_mask=head_mask)  # (B, T, V)
+def perplexity(model: LlamaDecoder, ids: torch.Tensor, head_mask=None, mask=None) -> float:
+    """exp(mean cross-entropy of each next token) over every window of ids (B, T): T - 1 predictions per window.
+    ``head_mask`` (L, H) and ``mask`` (a keep-mask AND-ed with the causal one) go to the model."""
+    logits = model(ids, head_mask=head_mask, mask=mask)  # (B, T, V)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least
     nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())  # mean over B * (T - 1)
     return float(nll.exp())

@@ -383,7 +383,7 @@ def test_perplexity_log_base_2_is_the_same_number(capsys):
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda lo, ids: smollm_study.perplexity(lambda x, head_mask=None: lo, ids), "smollm_study.perplexity"),
+        (lambda lo, ids: smollm_study.perplexity(lambda x, head_mask=None, mask=None: lo, ids), "smollm_study.perplexity"),
         (lambda lo, ids: smollm_study.masked_perplexity(
             SimpleNamespace(layers=[], head=lambda x: x, norm=lambda x: x), ids, [lo], torch.ones(0, 1)),
          "smollm_study.masked_perplexity"),
