@@ -85,7 +85,11 @@ def eval_windows(tokenizer, split: str, window: int = WINDOW) -> torch.Tensor:
 def perplexity(model: LlamaDecoder, ids: torch.Tensor, head_mask=None, mask=None) -> float:
     """exp(mean cross-entropy of each next token) over every window of ids (B, T): T - 1 predictions per window.
     ``head_mask`` (L, H) and ``mask`` (a keep-mask AND-ed with the causal one) go to the model."""
-    logits = model(ids, head_mask=head_mask, mask=mask)  # (B, T, V)
+    return _from_logits(model(ids, head_mask=head_mask, mask=mask), ids)  # logits (B, T, V)
+
+
+def _from_logits(logits, ids) -> float:
+    """exp of the mean cross-entropy of position t's logits (B, T, V) against token t + 1 of ids (B, T)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least
     nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())  # mean over B * (T - 1)
     return float(nll.exp())
@@ -130,41 +134,42 @@ def masked_perplexity(model: LlamaDecoder, ids: torch.Tensor, inputs: list, head
     X = inputs[start]  # (B, T, D)
     for i in range(start, len(model.layers)):
         X = model.layers[i](X, None, head_mask[i])  # (B, T, D)
-    logits = model.head(model.norm(X))  # (B, T, V)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-    return float(nll.exp())
+    return _from_logits(model.head(model.norm(X)), ids)  # logits (B, T, V)
+
+
+def _unit_mask(model: LlamaDecoder, off, unit: str) -> torch.Tensor:
+    """A head_mask (L, H) with the units ``off`` [(layer, head or group), ...] switched off."""
+    if unit == "group":
+        return group_mask(model, off)
+    L, H, _ = _shape(model)
+    mask = torch.ones(L, H)
+    for layer, head in off:
+        mask[layer, head] = 0.0
+    return mask
+
+
+def _importance(model: LlamaDecoder, ids: torch.Tensor, unit: str, progress=None) -> torch.Tensor:
+    """(L, units per layer): perplexity with one unit off, minus the intact model's perplexity."""
+    L, H, H_kv = _shape(model)
+    per_layer = H if unit == "head" else H_kv
+    inputs, base = layer_inputs(model, ids), perplexity(model, ids)
+    scores = torch.zeros(L, per_layer, dtype=torch.float64)
+    for layer in range(L):
+        for u in range(per_layer):
+            scores[layer, u] = masked_perplexity(model, ids, inputs, _unit_mask(model, [(layer, u)], unit)) - base
+        if progress:
+            progress(f"{unit}s: layer {layer + 1}/{L}")
+    return scores
 
 
 def head_importance(model: LlamaDecoder, ids: torch.Tensor, progress=None) -> torch.Tensor:
     """(L, H): perplexity with that one query head off, minus the intact model's perplexity."""
-    L, H, _ = _shape(model)
-    inputs = layer_inputs(model, ids)
-    base = perplexity(model, ids)
-    scores = torch.zeros(L, H, dtype=torch.float64)
-    for layer in range(L):
-        for head in range(H):
-            mask = torch.ones(L, H)
-            mask[layer, head] = 0.0
-            scores[layer, head] = masked_perplexity(model, ids, inputs, mask) - base
-        if progress:
-            progress(f"heads: layer {layer + 1}/{L}")
-    return scores
+    return _importance(model, ids, "head", progress)
 
 
 def group_importance(model: LlamaDecoder, ids: torch.Tensor, progress=None) -> torch.Tensor:
     """(L, H_kv): perplexity with one K/V group off (its K/V head and the query heads it serves), minus the intact."""
-    L, _, H_kv = _shape(model)
-    inputs = layer_inputs(model, ids)
-    base = perplexity(model, ids)
-    scores = torch.zeros(L, H_kv, dtype=torch.float64)
-    for layer in range(L):
-        for group in range(H_kv):
-            mask = group_mask(model, [(layer, group)])
-            scores[layer, group] = masked_perplexity(model, ids, inputs, mask) - base
-        if progress:
-            progress(f"groups: layer {layer + 1}/{L}")
-    return scores
+    return _importance(model, ids, "group", progress)
 
 
 def random_orders(num_units: int, num_orders: int = NUM_RANDOM, seed: int = 0) -> list[list[int]]:
@@ -187,13 +192,7 @@ def pruning_curve(model: LlamaDecoder, ids: torch.Tensor, order: list[int], coun
     inputs, curve = layer_inputs(model, ids), []
     for count in counts:
         off = [divmod(u, per_layer) for u in order[:count]]  # [(layer, head or group), ...]
-        if unit == "head":
-            mask = torch.ones(L, H)
-            for layer, head in off:
-                mask[layer, head] = 0.0
-        else:
-            mask = group_mask(model, off)
-        curve.append(masked_perplexity(model, ids, inputs, mask))
+        curve.append(masked_perplexity(model, ids, inputs, _unit_mask(model, off, unit)))
     return curve
 
 
