@@ -41,7 +41,7 @@ from .nb10 import check_merge_states, check_tile_gradients
 from .nb11 import check_cache_size, check_cached_forward, check_chunk_step
 from .nb12 import check_half_layout_weights, check_rope_half, check_rotary_step
 from .nb13 import check_group_spread, check_grouped_attention, check_pool_kv_heads
-from .nb14 import check_drop_group, check_perplexity, check_sink_ratio
+from .nb14 import check_drop_group, check_induction_heads, check_perplexity
 
 __all__ = [
     "CheckFailed",
@@ -97,7 +97,7 @@ __all__ = [
     "check_pool_kv_heads",
     "check_grouped_attention",
     "check_group_spread",
-    "check_sink_ratio",
+    "check_induction_heads",
     "check_drop_group",
     "check_perplexity",
 ]

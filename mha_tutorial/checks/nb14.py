@@ -1,9 +1,10 @@
 """Checks for the exercises of notebook 14 (a real language model's heads: SmolLM2-135M).
 
-Exercise 1: each head's attention-sink score (the mean weight that queries 1 .. T-1 put on key 0; query 0 sees only
-key 0) divided by the score of a head that spreads its weight evenly, (H_T - 1) / (T - 1). The references are plain
-loops. Query 0 included, a row or the last key read instead of key 0's column, a sum, means over heads or whole rows,
-and for the even head 1/T, H_T / T, the mean of 1/i and a sum are named.
+Exercise 1: each head's induction score on a sequence that repeats every ``period`` tokens: the mean over the
+queries i = period .. T-1 of the weight on key i - period + 1 (the token that followed the query's token last time).
+The reference is a plain loop; with SmolLM2 passed in, the check also runs the model on 64 random tokens repeated and
+prints its top heads. A duplicate-token or previous-token key, queries of the first copy, a skipped query, transposed
+weights, a sum, a wrong shape and the period taken as T // 2 are named.
 
 Exercise 2: find the bug in a removal of one K/V group (it removes the strided query heads h % H_kv, not the group's
 G consecutive heads). The reference is the intact layer with the group's query heads off by ``head_mask``; the
@@ -28,9 +29,10 @@ from ..core import mha
 from ..core.mha import MultiHeadAttention
 from ..modern import gqa
 from ..pretrained import smollm_study
-from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed, refusing
+from ._common import CheckFailed, call, diagnose, friendly, passed, refusing
+from ._nb14_induction import expect_scores, induction_cases, induction_loop, induction_mistakes, on_smollm
 
-__all__ = ["check_drop_group", "check_perplexity", "check_sink_ratio"]
+__all__ = ["check_drop_group", "check_induction_heads", "check_perplexity"]
 
 _DT = torch.float64
 _TOL64 = dict(atol=1e-12, rtol=1e-10)
@@ -38,120 +40,25 @@ _TOL32 = dict(atol=1e-6, rtol=1e-5)  # a float32 answer is fine, to its precisio
 
 
 # =====================================================================================================
-# Exercise 1: the attention-sink score
+# Exercise 1: induction heads on a repeated random sequence
 # =====================================================================================================
-def _sink_loop(weights) -> torch.Tensor:
-    """(H,) by loops: for each head, the mean over queries i = 1 .. T-1 of the weight on key 0."""
-    rows = weights.double().tolist()  # H lists of T rows of T weights
-    T = len(rows[0])
-    return torch.tensor([sum(head[i][0] for i in range(1, T)) / (T - 1) for head in rows], dtype=_DT)
-
-
-def _uniform_loop(T: int) -> float:
-    """The sink score of a head that gives each of the i + 1 keys query i sees the weight 1 / (i + 1)."""
-    return math.fsum(1.0 / (i + 1) for i in range(1, T)) / (T - 1)
-
-
-def _causal_weights(H, T, g, dtype, spread=3.0):
-    """(H, T, T) softmax of random scores under a causal mask; head h's scores scaled differently."""
-    scale = spread * torch.rand(H, 1, 1, generator=g, dtype=_DT)  # (H, 1, 1): flat to peaked heads
-    scores = torch.randn(H, T, T, generator=g, dtype=_DT) * scale  # (H, T, T)
-    scores[:, :, 0] += 2 * torch.randn(H, 1, generator=g, dtype=_DT)  # some heads favour key 0, some avoid it
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T): True above the diagonal
-    return scores.masked_fill(future, -math.inf).softmax(-1).to(dtype)
-
-
-def _known_heads(T):
-    """(3, T, T): an even head, a perfect sink (all weight on key 0) and a previous-token head."""
-    even = torch.ones(T, T, dtype=_DT).tril() / torch.arange(1, T + 1, dtype=_DT)[:, None]  # query i: 1 / (i + 1)
-    sink, previous = torch.zeros(T, T, dtype=_DT), torch.diag(torch.ones(T - 1, dtype=_DT), -1)  # query i: key i - 1
-    sink[:, 0], previous[0, 0] = 1.0, 1.0
-    return torch.stack([even, sink, previous])
-
-
-def _sink_cases(g):
-    """(case, weights (H, T, T)): random heads of several sizes, both dtypes, then heads whose answer is known."""
-    cases = [
-        (f"weights ({H}, {T}, {T}) {str(dtype)[6:]}", _causal_weights(H, T, g, dtype))
-        for H, T, dtype in [(3, 6, _DT), (2, 9, torch.float32), (4, 300, torch.float32), (1, 2, _DT), (5, 3, _DT)]
-    ]
-    cases.append(("weights (3, 6, 6): an even head, a perfect sink, a previous-token head", _known_heads(6)))
-    return cases
-
-
-def _sink_mistakes(w):
-    """(what is wrong, what it computes) for the slips of sink_score on float64 weights w (H, T, T)."""
-    T = w.shape[-1]
-    yield ("query 0 is included: it sees only key 0, so it puts weight 1 there whatever the head does; average over "
-           "queries i = 1 .. T-1 (weights[:, 1:, 0])", w[:, :, 0].mean(-1))  # fmt: skip
-    yield ("you read query 0's row, weights[:, 0, i], which is zero above the diagonal: the weight that query i puts "
-           "on key 0 is weights[:, i, 0], column 0", w[:, 0, 1:].mean(-1))  # fmt: skip
-    yield ("you averaged each query's weights over the keys: a row sums to 1, so that gives 1/T whatever the head "
-           "does; take the weight on key 0 only, weights[:, i, 0]", w[:, 1:, :].mean((-2, -1)))  # fmt: skip
-    yield ("you took the weight on the last key, weights[:, i, -1]: the sink is the first key, column 0",
-           w[:, 1:, -1].mean(-1))  # fmt: skip
-    yield ("you took the weight each query puts on itself (the diagonal): the sink is key 0, column 0",
-           w.diagonal(dim1=-2, dim2=-1)[:, 1:].mean(-1))  # fmt: skip
-    yield (f"you summed the weights on key 0 over the queries: take their mean, dividing by the T - 1 = {T - 1} "
-           "queries 1 .. T-1", w[:, 1:, 0].sum(-1))  # fmt: skip
-    yield ("you averaged over the heads, not the queries: one number per head, the mean over queries 1 .. T-1 "
-           "(dim=-1 of weights[:, 1:, 0])", w[:, 1:, 0].mean(0))  # fmt: skip
-    yield ("one number for all heads: average over the queries only, keeping one score per head (H,)",
-           w[:, 1:, 0].mean())  # fmt: skip
-    for rows in (w, w[:, 1:]):
-        yield ("you averaged whole rows over the queries, one number per key (H, T): keep only key 0's column, "
-               "weights[:, 1:, 0], then average it", rows.mean(1))  # fmt: skip
-
-
-def _as_number(got, case, what):
-    """A Python int/float or a 0-d tensor as a float; anything else is a plain-words failure."""
-    if isinstance(got, torch.Tensor) and got.dim() == 0 and got.is_floating_point():
-        return float(got)
-    if isinstance(got, bool) or not isinstance(got, int | float):
-        raise CheckFailed(f"{case}: {what} must return one number (a Python float), got {type(got).__name__}")
-    return float(got)
-
-
-def _diagnose_number(got, expected, mistakes, case, rel, what):
-    """Return if ``got`` is within ``rel`` of ``expected``; else raise naming the first (why, value) it matches."""
-    if not math.isclose(got, expected, rel_tol=rel, abs_tol=1e-12):
-        close = (why for why, value in mistakes if math.isclose(got, value, rel_tol=rel, abs_tol=1e-12))
-        raise CheckFailed(f"{case}: got {got:.6g}, expected {expected:.6g}: {next(close, what)}")
-
-
-def _uniform_mistakes(T: int):
-    """(what is wrong, the value it gives) for the slips of the even head's score at T."""
-    harmonic = math.fsum(1.0 / n for n in range(1, T + 1))  # H_T
-    yield ("query 0 is included in the even head's score (the mean of 1 / (i + 1) over i = 0 .. T-1, H_T / T): "
-           "leave query 0 out, averaging over i = 1 .. T-1 only", harmonic / T)  # fmt: skip
-    yield ("1/T is an even head without a mask; under the causal mask query i sees i + 1 keys, so it gives key 0 "
-           "the weight 1 / (i + 1)", 1.0 / T)  # fmt: skip
-    yield ("off by one in the even head: query i sees keys 0 .. i, i + 1 of them, so its even weight is 1 / (i + 1), "
-           "not 1 / i", (harmonic - 1.0 / T) / (T - 1))  # fmt: skip
-    yield ("you summed the even head's 1 / (i + 1) over the queries: take the mean, dividing by the T - 1 queries",
-           harmonic - 1.0)  # fmt: skip
-
-
 @friendly
 @torch.no_grad()
-def check_sink_ratio(sink_ratio) -> None:
-    """``sink_ratio(weights (H, T, T))`` -> (H,): each head's sink score over an evenly spreading head's at that T."""
-    g = torch.Generator().manual_seed(141)
-    cases = _sink_cases(g)
-    for case, weights in cases:
+def check_induction_heads(induction_score, model=None) -> None:
+    """``induction_score(weights (L, H, T, T), period)`` -> (L, H); with ``model``, also on SmolLM2's heads."""
+    cases = induction_cases(torch.Generator().manual_seed(141))
+    for case, weights, period in cases:
         given = weights.clone()
-        got = expect_tensor(call(sink_ratio, given, case=case), case)
+        got = expect_scores(call(induction_score, given, period, case=case), weights, case)
         if not torch.equal(given, weights):
             raise CheckFailed(f"{case}: your function changed the weights in place; work on a copy")
-        if got.dtype != weights.dtype:
-            raise CheckFailed(f"{case}: the result is {got.dtype}, expected {weights.dtype}: keep the weights' dtype")
-        tol = _TOL32  # a float32 baseline (or sum) is a fine answer, even for float64 weights
         w = weights.double()
-        even, score = _uniform_loop(w.shape[-1]), _sink_loop(w)  # a float; (H,)
-        mistakes = [(why, wrong / even) for why, wrong in _sink_mistakes(w)]
-        mistakes += [(why, score / wrong) for why, wrong in _uniform_mistakes(w.shape[-1])]
-        diagnose(got.double(), score / even, mistakes, case, **tol)
-    passed("check_sink_ratio", len(cases))
+        tol = _TOL64 if weights.dtype == _DT else _TOL32
+        diagnose(got.double(), induction_loop(w, period), induction_mistakes(w, period), case, **tol)
+    found = on_smollm(induction_score, model) if model is not None else None
+    passed("check_induction_heads", len(cases) + (model is not None))
+    if found:
+        print(found)
 
 
 # =====================================================================================================
@@ -295,6 +202,22 @@ def check_drop_group(fn) -> None:
 # =====================================================================================================
 # Exercise 3: perplexity from logits
 # =====================================================================================================
+def _as_number(got, case, what):
+    """A Python int/float or a 0-d tensor as a float; anything else is a plain-words failure."""
+    if isinstance(got, torch.Tensor) and got.dim() == 0 and got.is_floating_point():
+        return float(got)
+    if isinstance(got, bool) or not isinstance(got, int | float):
+        raise CheckFailed(f"{case}: {what} must return one number (a Python float), got {type(got).__name__}")
+    return float(got)
+
+
+def _diagnose_number(got, expected, mistakes, case, rel, what):
+    """Return if ``got`` is within ``rel`` of ``expected``; else raise naming the first (why, value) it matches."""
+    if not math.isclose(got, expected, rel_tol=rel, abs_tol=1e-12):
+        close = (why for why, value in mistakes if math.isclose(got, value, rel_tol=rel, abs_tol=1e-12))
+        raise CheckFailed(f"{case}: got {got:.6g}, expected {expected:.6g}: {next(close, what)}")
+
+
 def _log_probs(logits, triples):
     """log softmax(logits[b, t])[token] for each (b, t, token), by loops with math.exp and math.log."""
     rows, out = logits.double().tolist(), []

@@ -18,121 +18,91 @@ from mha_tutorial.checks import nb14
 from mha_tutorial.core import mha
 from mha_tutorial.modern import gqa
 from mha_tutorial.pretrained import smollm_study
+from mha_tutorial.pretrained.llama import LlamaConfig, LlamaDecoder
 
 from testkit import fails_with
 
-# Exercise 1: the attention-sink score over the even head's.
+# Exercise 1: induction scores on a sequence that repeats every `period` tokens.
 
 
-def sink_loop(weights):
-    H, T = weights.shape[0], weights.shape[-1]
-    out = torch.zeros(H, dtype=weights.dtype)
-    for h in range(H):
-        for i in range(1, T):
-            out[h] += weights[h, i, 0] / (T - 1)
+def induction_loop(weights, period):
+    L, H, T = weights.shape[0], weights.shape[1], weights.shape[-1]
+    out = torch.zeros(L, H, dtype=weights.dtype)
+    for layer in range(L):
+        for h in range(H):
+            for i in range(period, T):
+                out[layer, h] += weights[layer, h, i, i - period + 1] / (T - period)
     return out
 
 
-def sink_vectorised(weights):
-    return weights[:, 1:, 0].mean(-1)
+def induction_vectorised(weights, period):
+    i = torch.arange(period, weights.shape[-1])
+    return weights[..., i, i - period + 1].mean(-1)
 
 
-def uniform_loop(T):
-    return sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
+def induction_diagonal(weights, period):
+    """The offset diagonal of every map, then its second-copy part."""
+    return weights.diagonal(offset=-(period - 1), dim1=-2, dim2=-1)[..., 1:].mean(-1)
 
 
-def uniform_harmonic(T):
-    """(H_T - 1) / (T - 1) as a 0-d float64 tensor (accepted like a float)."""
-    return (1 / torch.arange(1, T + 1, dtype=torch.float64)).sum().sub(1) / (T - 1)
+@pytest.mark.parametrize("fn", [induction_loop, induction_vectorised, induction_diagonal], ids=["loops", "vec", "diag"])
+def test_induction_right_answers_pass(fn, capsys):
+    checks.check_induction_heads(fn)
+    assert "✓ check_induction_heads: passed on 6 cases" in capsys.readouterr().out
 
 
-def ratio_loop(weights):
-    return sink_loop(weights) / uniform_loop(weights.shape[-1])
+def offset(key, first):
+    """A slip: the weight on key i - key, averaged over queries first .. T-1 (a negative key wraps)."""
 
+    def fn(w, period):
+        i = torch.arange(first(period), w.shape[-1])
+        return w[..., i, i - key(period)].mean(-1)
 
-def ratio_vectorised(weights):
-    return sink_vectorised(weights) / uniform_harmonic(weights.shape[-1]).item()
-
-
-def over_even(sink):
-    """A sink-score mistake, divided by the right even-head score: a wrong sink_ratio."""
-    return lambda w: sink(w) / uniform_loop(w.shape[-1])
-
-
-@pytest.mark.parametrize("ratio", [ratio_loop, ratio_vectorised], ids=["loops", "vectorised"])
-def test_sink_right_answers_pass(ratio, capsys):
-    checks.check_sink_ratio(ratio)
-    assert "✓ check_sink_ratio: passed on 6 cases" in capsys.readouterr().out
+    return fn
 
 
 @pytest.mark.parametrize(
-    "sink, fragment",
+    "fn, fragment",
     [
-        (lambda w: w[:, :, 0].mean(-1), "query 0 is included"),
-        (lambda w: w[:, 0, 1:].mean(-1), "you read query 0's row"),
-        (lambda w: w[:, 1:, :].mean(-1).mean(-1), "averaged each query's weights over the keys"),
-        (lambda w: w[:, 0, :].mean(-1), "averaged each query's weights over the keys"),
-        (lambda w: w[:, 1:, -1].mean(-1), "the weight on the last key"),
-        (lambda w: w.diagonal(dim1=-2, dim2=-1)[:, 1:].mean(-1), "the weight each query puts on itself"),
-        (lambda w: w[:, 1:, 0].sum(-1), "you summed the weights on key 0"),
-        (lambda w: w[:, 1:, 0].mean(0), "averaged over the heads, not the queries"),
-        (lambda w: w[:, 1:, 0].mean(), "one number for all heads"),
-        (lambda w: w.mean(1), "averaged whole rows over the queries"),
-        (lambda w: w[:, 1:].mean(1), "averaged whole rows over the queries"),
+        (offset(lambda p: p, lambda p: p), "duplicate-token head"),
+        (offset(lambda p: p - 1, lambda p: p - 1), "first copy's last token"),
+        (offset(lambda p: p - 1, lambda p: p + 1), "you skipped query period"),
+        (offset(lambda p: p - 1, lambda p: 0), "queries before position period"),
+        (offset(lambda p: 1, lambda p: p), "previous-token head"),
+        (lambda w, p: w[..., torch.arange(p, w.shape[-1]) - p + 1, torch.arange(p, w.shape[-1])].mean(-1),
+         "weights[..., key, query]"),
+        (lambda w, p: w[..., torch.arange(p, w.shape[-1]), torch.arange(p, w.shape[-1]) - p + 1].sum(-1), "summed"),
+        (lambda w, p: induction_vectorised(w, w.shape[-1] // 2), "period as T // 2"),
+        (lambda w, p: induction_vectorised(w, p).mean(0), "one score per head"),
+        (lambda w, p: induction_vectorised(w, p).double(), "keep the weights' dtype"),
+        (lambda w, p: induction_vectorised(w.mul_(1.0).add_(1.0), p), "changed the weights in place"),
+        (lambda w, p: induction_vectorised(w, p).tolist(), "expected a tensor"),
     ],
-    ids=["query-0", "row-0", "keys-mean", "row-0-mean", "last-key", "diagonal", "sum", "over-heads", "scalar",
-         "rows", "rows-1"],
+    ids=["duplicate", "from-p-1", "from-p+1", "all-queries", "previous", "transposed", "sum", "half-T", "over-layers",
+         "dtype", "in-place", "list"],
 )  # fmt: skip
-def test_sink_mistakes_are_named(sink, fragment):
-    fails_with(checks.check_sink_ratio, over_even(sink), fragment)
+def test_induction_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_induction_heads, fn, fragment)
 
 
-@pytest.mark.parametrize(
-    "ratio, fragment",
-    [
-        (lambda w: ratio_loop(w).double(), "keep the weights' dtype"),
-        (lambda w: ratio_loop(w).tolist(), "expected a tensor, got list"),
-        (lambda w: ratio_loop(w)[None], "wrong shape"),
-        (lambda w: ratio_loop(w) * 1.001, "wrong values"),
-        (lambda w: sink_vectorised(w.mul_(1.0).add_(1.0)), "changed the weights in place"),
-    ],
-    ids=["dtype", "list", "shape", "other", "in-place"],
-)
-def test_sink_ratio_slips_are_named(ratio, fragment):
-    fails_with(checks.check_sink_ratio, ratio, fragment)
+def test_the_induction_references_know_their_answers():
+    known = nb14.induction_cases(torch.Generator().manual_seed(0))[-1][1]  # (1, 3, 8, 8): induction, duplicate, prev
+    torch.testing.assert_close(nb14.induction_loop(known, 4), torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64))
+    for _, weights, period in nb14.induction_cases(torch.Generator().manual_seed(0)):
+        torch.testing.assert_close(nb14.induction_loop(weights, period), induction_loop(weights.double(), period))
 
 
-@pytest.mark.parametrize(
-    "uniform, fragments",
-    [
-        (lambda T: sum(1 / (i + 1) for i in range(T)) / T, ["query 0 is included in the even head", "H_T / T"]),
-        (lambda T: 1 / T, ["1/T is an even head without a mask"]),
-        (lambda T: sum(1 / i for i in range(1, T)) / (T - 1), ["off by one", "not 1 / i"]),
-        (lambda T: sum(1 / (i + 1) for i in range(1, T)), ["you summed the even head's 1 / (i + 1)"]),
-    ],
-    ids=["query-0", "unmasked", "one-over-i", "sum"],
-)
-def test_even_head_mistakes_are_named(uniform, fragments):
-    fails_with(checks.check_sink_ratio, lambda w: sink_vectorised(w) / uniform(w.shape[-1]), *fragments)
-
-
-def test_the_sink_references_know_their_answers():
-    """The known heads give the even head's closed form, 1 and 1/(T-1); the loop agrees with a vectorised mean."""
-    T = 6
-    expected = torch.tensor([uniform_harmonic(T), 1.0, 1 / (T - 1)], dtype=torch.float64)
-    torch.testing.assert_close(nb14._sink_loop(nb14._known_heads(T)), expected, rtol=0, atol=1e-15)
-    for case, weights in nb14._sink_cases(torch.Generator().manual_seed(0)):
-        assert torch.allclose(weights.sum(-1), torch.ones(()).to(weights), atol=1e-6), case
-        assert bool((weights.triu(1) == 0).all()), case  # causal: nothing above the diagonal
-        torch.testing.assert_close(nb14._sink_loop(weights), sink_vectorised(weights.double()))
-
-
-@given(st.integers(2, 500))
-def test_the_uniform_reference_is_the_sink_score_of_an_even_head(T):
-    even = torch.ones(T, T, dtype=torch.float64).tril()
-    even = even / even.sum(-1, keepdim=True)  # query i: 1 / (i + 1) on each of its keys
-    assert math.isclose(nb14._uniform_loop(T), float(sink_vectorised(even[None])[0]), rel_tol=1e-12)
-    assert math.isclose(nb14._uniform_loop(T), float(uniform_harmonic(T)), rel_tol=1e-12)
+def test_the_real_case_runs_a_decoder_and_reports_its_heads(capsys):
+    """On a small random decoder of the same class (the companion notebook runs SmolLM2 itself)."""
+    config = LlamaConfig(vocab_size=50, num_hiddens=24, num_heads=6, num_kv_heads=2, num_layers=3, ffn_num_hiddens=40)
+    torch.manual_seed(0)
+    model = LlamaDecoder(config).eval()
+    checks.check_induction_heads(induction_vectorised, model)
+    out = capsys.readouterr().out
+    assert "✓ check_induction_heads: passed on 7 cases" in out
+    assert "SmolLM2 on 64 random tokens repeated: the top induction scores are layer" in out
+    assert "(an even spread: 0.011)" in out and "a uniform guess: ln 50 = 3.9" in out
+    fails_with(lambda fn: checks.check_induction_heads(fn, model), offset(lambda p: p, lambda p: p), "duplicate-token")
 
 
 # Exercise 2: find the bug in drop_group (the notebook's helpers and its buggy function, then fixes).
@@ -409,10 +379,10 @@ def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, 
     def stub(*args):
         raise NotImplementedError("not written yet")
 
-    checks.check_sink_ratio(stub)
+    checks.check_induction_heads(stub)
     checks.check_drop_group(stub)
     checks.check_perplexity(stub)
     assert capsys.readouterr().out.count("not attempted yet") == 3
     monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
-    for check in (checks.check_drop_group, checks.check_perplexity, checks.check_sink_ratio):
+    for check in (checks.check_drop_group, checks.check_perplexity, checks.check_induction_heads):
         fails_with(check, stub, "not attempted")
