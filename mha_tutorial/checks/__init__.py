@@ -14,7 +14,7 @@ check is re-exported here, the same function under both names.
 from ._common import CheckFailed, NotAttempted
 from .nb01 import check_attention_entropy, check_softmax, check_temperature_attention
 from .nb01a import check_jacobian_norm, check_tempered_jacobian
-from .nb02 import check_causal_mask, check_masked_softmax, check_padding_mask
+from .nb02 import check_masked_softmax, check_packed_mask, check_padding_mask
 from .nb03 import (
     check_average_heads,
     check_expand_kv_heads,
@@ -49,7 +49,7 @@ __all__ = [
     "check_softmax",
     "check_temperature_attention",
     "check_attention_entropy",
-    "check_causal_mask",
+    "check_packed_mask",
     "check_padding_mask",
     "check_masked_softmax",
     "check_transpose_qkv",

@@ -3,8 +3,9 @@
 Every mask here uses the package's convention: a bool tensor where True means
 "this query may attend to this key" (the convention of
 ``F.scaled_dot_product_attention``). When a wrong answer matches a typical
-mistake -- the inverted convention, an off-by-one diagonal, NaN or a uniform
-row where a query sees no key -- the failure message names it.
+mistake -- the inverted convention, a packed mask missing its document or its
+causal part, an off-by-one length, NaN or a uniform row where a query sees no
+key -- the failure message names it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from ..core import attention, masks
 from ..core.attention import masked_softmax
-from ..core.masks import causal_mask, padding_mask
+from ..core.masks import padding_mask
 from ._common import (
     CheckFailed,
     call,
@@ -27,7 +28,6 @@ from ._common import (
 )
 
 # What the exercises ask the learner to write, already in the package: calling it is refused.
-_PACKAGE_CAUSAL = {masks.causal_mask: "mha_tutorial.causal_mask", masks.and_causal: "mha_tutorial's and_causal"}
 _PACKAGE_PADDING = {
     masks.padding_mask: "mha_tutorial.padding_mask",
     masks.combine_masks: "mha_tutorial's combine_masks",
@@ -39,7 +39,7 @@ _PACKAGE_MASKED_SOFTMAX = {
     masks.padding_mask: "mha_tutorial.padding_mask (build the mask yourself, as in Exercise 2)",
 }
 
-__all__ = ["check_causal_mask", "check_padding_mask", "check_masked_softmax"]
+__all__ = ["check_packed_mask", "check_padding_mask", "check_masked_softmax"]
 
 _INVERTED = (
     "mask convention inverted: True must mean 'may attend' (the convention of F.scaled_dot_product_attention); "
@@ -69,45 +69,116 @@ def _mask_difference(actual: torch.Tensor, expected: torch.Tensor, case: str) ->
 # --------------------------------------------------------------------------- Exercise 1
 
 
+def _packed_reference(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T, T) keep-mask by plain loops: query i sees key j when both share a document and j <= i."""
+    ids = segment_ids.tolist()
+    B, T = len(ids), len(ids[0])
+    keep = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(i + 1):
+                keep[b, i, j] = ids[b][i] == ids[b][j]
+    return keep
+
+
+def _packed_cases() -> list[torch.Tensor]:
+    """Packed rows of document ids: B = 1 and > 1, one document, one token per document, documents of length 1,
+    ids that neither start at 0 nor count up by 1."""
+    return [
+        torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 1, 1, 2, 2]]),
+        torch.tensor([[3, 3, 3, 3]]),
+        torch.tensor([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]),
+        torch.tensor([[7, 7, 2, 2, 2, 9, 9], [4, 4, 4, 4, 4, 4, 1], [8, 5, 5, 6, 6, 6, 6]]),
+        torch.tensor([[0], [5]]),
+    ]
+
+
+def _expect_packed_shape(actual, B: int, T: int, case: str) -> None:
+    """Name the shapes a packed mask typically comes out in, before any value is compared."""
+    shape = tuple(actual.shape)
+    if shape == (B, T, T):
+        return
+    wrong = f"{case}: shape {shape}, expected (B, T, T) = {(B, T, T)}"
+    if shape == (B, T):
+        raise CheckFailed(f"{wrong}. That is one value per token; the mask needs one per (query, key) pair")
+    if shape == (T, T):
+        raise CheckFailed(
+            f"{wrong}: the batch axis is missing. Every row of the batch packs different documents, so each "
+            "example needs its own (T, T) mask"
+        )
+    if B != T and shape == (B, B, T):
+        raise CheckFailed(
+            f"{wrong}: you compared (B, 1, T) with (1, B, T), so examples met examples. Add the new axes next to "
+            "the token axis: segment_ids[:, :, None] is (B, T, 1) and segment_ids[:, None, :] is (B, 1, T)"
+        )
+    if actual.dim() == 4 and actual.numel() == B * T * T:
+        raise CheckFailed(
+            f"{wrong}: an extra axis. Return (B, T, T); the head axis is added only where the mask meets "
+            "(B, H, Q, K) scores (mask[:, None])"
+        )
+    raise CheckFailed(wrong)
+
+
+def _packed_mistakes(segment_ids: torch.Tensor, expected: torch.Tensor):
+    """(what the message says, what that mistake computes) for the typical wrong packed masks."""
+    B, T = segment_ids.shape
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
+    lower = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+    yield _INVERTED, ~expected
+    yield (
+        "the causal part is missing: a token sees the *later* tokens of its own document (its future). "
+        "Combine the same-document mask with the causal triangle (key j <= query i) using &",
+        same,
+    )
+    yield (
+        "the document part is missing: this is a plain causal mask, so a token also sees every earlier document "
+        "in its row. Also require segment_ids[b, i] == segment_ids[b, j], and combine the two masks with &",
+        lower.expand(B, T, T),
+    )
+    yield (
+        "the comparison is transposed: query i sees the keys j >= i of its document (the upper triangle, the "
+        "future); a causal mask keeps the keys j <= i (the lower triangle)",
+        same & lower.T,
+    )
+    yield (
+        "off-by-one on the diagonal: each token must also see itself (key j = i); the first token of a document "
+        "then sees exactly one key, itself",
+        same & lower.tril(-1),
+    )
+    yield (
+        "every query sees only itself: that is what comparing positions (i == j) gives. Compare the *document "
+        "ids* of query i and key j, segment_ids[b, i] == segment_ids[b, j], not their positions",
+        torch.eye(T, dtype=torch.bool).expand(B, T, T),
+    )
+    yield (
+        "every example got the mask of example 0: compare the ids of each row b with that same row",
+        expected[:1].expand(B, T, T) if B > 1 else None,
+    )
+
+
 @friendly
-def check_causal_mask(my_causal_mask) -> None:
-    """``my_causal_mask(num_queries, num_keys=None)`` -> bool (Q, K), True where query i may see key j."""
-    cases = [(4, None), (5, 5), (1, None), (3, 5), (2, 6)]
-    for num_queries, num_keys in cases:
-        K = num_queries if num_keys is None else num_keys
-        args = (num_queries,) if num_keys is None else (num_queries, num_keys)
-        case = f"my_causal_mask{args}"
-        with refusing(_PACKAGE_CAUSAL):
-            result = call(my_causal_mask, *args, case=case)
-        actual = _expect_bool_mask(result, (num_queries, K), case)
-        expected = causal_mask(num_queries, K)
-        ones = torch.ones(num_queries, K, dtype=torch.bool)
-        offset = K - num_queries
-        mistakes = [
-            (_INVERTED, ~expected),
-            (
-                "off-by-one on the diagonal: each query must also see its own position (key j = i is allowed); "
-                "use tril with diagonal 0, not -1",
-                ones.tril(offset - 1),
-            ),
-            (
-                "off-by-one on the diagonal: query i may see keys 0..i, not i + 1 (that is one step into the future)",
-                ones.tril(offset + 1),
-            ),
-            (
-                "upper triangle: query i would see the *future* keys j > i; a causal mask keeps the lower triangle "
-                "(j <= i)",
-                ones.triu(-offset),
-            ),
-            (
-                "with more keys than queries, the queries are the *last* Q positions (e.g. new tokens after a cached "
-                f"prefix), so query i sees keys 0..i + (K - Q) = i + {offset}; your mask starts at the top-left",
-                ones.tril(0) if offset else None,
-            ),
-            ("you anchored the mask at the bottom-right but inverted it", ~ones.tril(0) if offset else None),
-        ]
-        diagnose(actual, expected, mistakes, case, otherwise=_mask_difference)
-    passed("check_causal_mask", len(cases))
+def check_packed_mask(my_packed_mask) -> None:
+    """``my_packed_mask(segment_ids)``: ids (B, T) -> bool (B, T, T), True where query i may see key j."""
+    cases = _packed_cases()
+    for segment_ids in cases:
+        B, T = segment_ids.shape
+        case = f"my_packed_mask(segment_ids={segment_ids.tolist()})"
+        given = segment_ids.clone()
+        actual = expect_tensor(call(my_packed_mask, given, case=case), case)
+        if not torch.equal(given, segment_ids):
+            raise CheckFailed(
+                f"{case}: your function changed segment_ids in place (an operation ending in _, or an "
+                "assignment into the input): build new tensors and leave the input as it was"
+            )
+        _expect_packed_shape(actual, B, T, case)
+        if actual.dtype != torch.bool:
+            raise CheckFailed(
+                f"{case}: the mask has dtype {actual.dtype}; return a bool tensor (True = may attend). Comparisons "
+                "already give bool tensors, and & combines them; a float 0/1 mask would be *added* to the scores"
+            )
+        expected = _packed_reference(segment_ids)
+        diagnose(actual.cpu(), expected, _packed_mistakes(segment_ids, expected), case, otherwise=_mask_difference)
+    passed("check_packed_mask", len(cases))
 
 
 # --------------------------------------------------------------------------- Exercise 2

@@ -64,10 +64,7 @@ def check_induction_heads(induction_score, model=None) -> None:
 # =====================================================================================================
 # Exercise 2: find the bug in drop_group
 # =====================================================================================================
-_GROUPS = (
-    "query head h reads K/V head h // G, so group j is the G = H // H_kv consecutive query heads jG .. (j+1)G - 1 "
-    "(keep the heads with h // G != group)"
-)
+_GROUPS = "which query heads read K/V head j? Write out, for one group, the heads repeat_interleave pairs with it"
 _D_HEAD = 4  # d, even for the rotary positions
 _DROP_SHAPES = [(6, 2), (8, 4), (8, 2), (9, 3)]  # (H, H_kv); every group of each in turn
 _DROP_REFUSED = {

@@ -33,6 +33,7 @@ import argparse
 import copy
 import time
 from dataclasses import replace
+from numbers import Real
 from pathlib import Path
 
 import torch
@@ -55,6 +56,7 @@ UPTRAIN_LR = 1e-3  # the peak learning rate of every uptraining run
 STUDY_PATH = DATA_DIR / "gqa_study.csv"
 COLUMNS = ("task", "num_kv_heads", "init", "seed", "stage", "accuracy", "loss", "kv_bytes_per_token")
 MARKERS = {"mean": "o", "first": "s", "random": "^"}
+BAND_MIN = 0.01  # the control's seeds' range is drawn as a band only when at least this wide (else invisible)
 
 
 def uptrain_settings(task: str) -> TrainSettings:
@@ -232,16 +234,38 @@ def table(study, digits: int = 3):
     return out[[s for s in STAGES if s in out.columns]]
 
 
-def _draw_task(ax, rows, numbers) -> None:
-    """One task's panel: each conversion's seeds (mean, min-max bar) against its cache bytes; the control."""
+def _check_extra_points(study, extra_points) -> None:
+    """``plot_study``'s ``extra_points``: {task: [(kv_bytes, accuracy), ...]}, at cache sizes the task's panel has."""
+    if not isinstance(extra_points, dict):
+        raise TypeError(f"extra_points must be a dict {{task: [(kv_bytes, accuracy), ...]}}, got {extra_points!r:.60}")
+    for task, points in extra_points.items():
+        sizes = sorted(set(study[study.task == task].kv_bytes_per_token))
+        if not sizes:
+            raise ValueError(
+                f"extra_points names task {task!r:.40}, which has no panel (study: {sorted(set(study.task))})"
+            )
+        for point in points:
+            if not (isinstance(point, tuple | list) and len(point) == 2 and point[0] in sizes):
+                raise ValueError(
+                    f"{task}'s extra points must be (kv_bytes in {sizes}, accuracy) pairs, got {point!r:.60}"
+                )
+            if isinstance(point[1], bool) or not isinstance(point[1], Real) or not 0 <= point[1] <= 1:
+                raise ValueError(f"{task}'s extra point {tuple(point)}: accuracy must lie in [0, 1]")
+
+
+def _draw_task(ax, rows, numbers, extra=(), extra_label="") -> None:
+    """One task's panel: each conversion's seeds (mean; min-max bar where they differ) against its cache bytes,
+    side by side around each cache size; the control; ``extra`` points (black diamonds) right of the rest."""
     control = rows[rows.init == CONTROL]
     if len(control):
         up = numbers.loc[(control.task.iloc[0], control.num_kv_heads.iloc[0], CONTROL, "uptrained")]
-        ax.axhspan(up["min"], up["max"], color="0.85", label="MHA uptrained the same way (control): seeds' range")
+        if up["max"] - up["min"] >= BAND_MIN:  # a thinner band would be a legend entry with nothing visible
+            ax.axhspan(up["min"], up["max"], color="0.85", label="MHA uptrained the same way (control): seeds' range")
         ax.axhline(up["mean"], color="0.35", lw=1.2, label="MHA uptrained (control): mean")
         original = control[control.stage == "converted"]
         ax.plot(original.kv_bytes_per_token.iloc[:1], original.accuracy.iloc[:1], "*", color="k", ms=11,
                 label="MHA checkpoint, as trained")  # fmt: skip
+    slots = 2 * len(MARKERS) + bool(extra)  # marker positions around one cache size, 0.06 octave apart
     for i, init in enumerate(MARKERS):
         for j, (stage, fill) in enumerate((("converted", "none"), ("uptrained", f"C{i}"))):
             mine = rows[(rows.init == init) & (rows.stage == stage)]
@@ -250,23 +274,36 @@ def _draw_task(ax, rows, numbers) -> None:
             stats = mine.groupby("num_kv_heads").agg(
                 x=("kv_bytes_per_token", "first"), mean=("accuracy", "mean"), lo=("accuracy", "min"),
                 hi=("accuracy", "max"))  # fmt: skip
-            x = stats.x * 2 ** ((2 * i + j - 2.5) * 0.06)  # side by side around their cache size
-            ax.errorbar(x, stats["mean"], yerr=[stats["mean"] - stats.lo, stats.hi - stats["mean"]], fmt=MARKERS[init],
-                        color=f"C{i}", mfc=fill, ms=7, capsize=3, lw=1, label=f"{init} init, {stage}")  # fmt: skip
+            x = stats.x * 2 ** ((2 * i + j - (slots - 1) / 2) * 0.06)
+            ax.plot(x, stats["mean"], MARKERS[init], color=f"C{i}", mfc=fill, ms=7, label=f"{init} init, {stage}")
+            spread = stats.hi > stats.lo  # seeds that agree get no bar (a zero-length bar would show only its caps)
+            if spread.any():
+                s = stats[spread]
+                ax.errorbar(x[spread], s["mean"], yerr=[s["mean"] - s.lo, s.hi - s["mean"]], fmt="none",
+                            ecolor=f"C{i}", capsize=3, lw=1)  # fmt: skip
+    if extra:
+        x, y = zip(*extra, strict=True)
+        x = [b * 2 ** ((slots - 1) / 2 * 0.06) for b in x]
+        ax.plot(x, y, "D", color="k", mfc="none", ms=9, zorder=5, label=extra_label)
 
 
-def plot_study(study):
+def plot_study(study, extra_points=None, extra_label="extra points"):
     """Per task a panel (one accuracy scale): accuracy against the decoder's KV-cache bytes per token (log axis).
     Markers per init, hollow right after conversion and filled after uptraining, the seeds' mean with a min-max
-    bar; the uptrained MHA control as a grey band (the seeds' range) and line (their mean), the checkpoint a star."""
+    bar (none where the seeds agree); the uptrained MHA control as a grey line (the seeds' mean) and band (their
+    range, drawn only when at least ``BAND_MIN`` wide), the checkpoint a star. ``extra_points`` ({task:
+    [(kv_bytes, accuracy), ...]}, named ``extra_label`` in the legend) adds black diamonds right of the markers of
+    their cache size. One legend, below the panels."""
     import matplotlib.pyplot as plt
 
+    if extra_points is not None:
+        _check_extra_points(study, extra_points)
     tasks = list(dict.fromkeys(study.task))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(9.6, 4.2), sharey=True, layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(9, 5.6), sharey=True, layout="constrained", squeeze=False)
     numbers = summary(study)
     for ax, task in zip(axes[0], tasks, strict=True):
         rows = study[study.task == task]
-        _draw_task(ax, rows, numbers)
+        _draw_task(ax, rows, numbers, (extra_points or {}).get(task, ()), extra_label)
         sizes = sorted(set(rows.kv_bytes_per_token))
         heads = dict(zip(rows.kv_bytes_per_token, rows.num_kv_heads, strict=True))
         ax.set_xscale("log", base=2)
@@ -276,9 +313,13 @@ def plot_study(study):
         ax.set(title=f"{task}", xlabel="decoder KV cache per token (float32)")
         ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].set(ylabel="accuracy on the eval split", ylim=(-0.02, 1.02))
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    axes[0][0].set(ylabel="accuracy on the eval split", ylim=(-0.02, 1.05))  # room for markers at 1
+    legend = {}  # label -> handle, every panel's entries once
+    for ax in axes[0]:
+        handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels, strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncol=3, fontsize=8)
     return fig
 
 

@@ -10,37 +10,92 @@ from mha_tutorial import checks
 
 from testkit import fails_with
 
-# --------------------------------------------------------------------------- notebook 02, exercise 1: causal mask
+# --------------------------------------------------------------------------- notebook 02, exercise 1: packed mask
 
 
-def causal_right(num_queries, num_keys=None):
-    num_keys = num_queries if num_keys is None else num_keys
-    return torch.ones(num_queries, num_keys, dtype=torch.bool).tril(num_keys - num_queries)
+def packed_loop(segment_ids):
+    """Right answer by loops, written apart from the check's own reference."""
+    B, T = segment_ids.shape
+    return torch.tensor(
+        [
+            [[bool(segment_ids[b, i] == segment_ids[b, j]) and j <= i for j in range(T)] for i in range(T)]
+            for b in range(B)
+        ],
+        dtype=torch.bool,
+    ).reshape(B, T, T)
 
 
-def test_causal_right_answer_passes(capsys):
-    checks.check_causal_mask(causal_right)
-    assert "✓ check_causal_mask" in capsys.readouterr().out
+def packed_right(segment_ids):
+    T = segment_ids.shape[-1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
+    return same & torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
 
 
-def _k(q, k):
-    return q if k is None else k
+def packed_with_causal_mask(segment_ids):
+    # the package's causal_mask is allowed as a building block: the exercise is the document part
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & mha_tutorial.causal_mask(segment_ids.shape[-1])
+
+
+@pytest.mark.parametrize("fn", [packed_loop, packed_right, packed_with_causal_mask])
+def test_packed_right_answers_pass(fn, capsys):
+    checks.check_packed_mask(fn)
+    assert "✓ check_packed_mask: passed on 5 cases" in capsys.readouterr().out
+
+
+def _same(ids):
+    return ids[:, :, None] == ids[:, None, :]
+
+
+def _lower(ids):
+    T = ids.shape[-1]
+    return torch.ones(T, T, dtype=torch.bool).tril()
+
+
+def _in_place(ids):
+    ids.add_(1)  # writes into the caller's tensor; the mask itself comes out right
+    return packed_right(ids)
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda q, k=None: ~causal_right(q, k), "convention inverted"),
-        (lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).tril(_k(q, k) - q - 1), "own position"),
-        (lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).tril(_k(q, k) - q + 1), "into the future"),
-        (lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).triu(q - _k(q, k)), "upper triangle"),
-        (lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).tril(), "the queries are the *last* Q positions"),
-        (lambda q, k=None: torch.ones(q, _k(q, k)).tril(_k(q, k) - q), "dtype"),
-        (lambda q, k=None: torch.ones(q, q, dtype=torch.bool).tril(), "wrong shape"),
+        (lambda ids: ~packed_right(ids), "convention inverted"),
+        (_same, "the causal part is missing"),
+        (lambda ids: _lower(ids).expand(ids.shape[0], -1, -1), "the document part is missing"),
+        (lambda ids: _lower(ids) & True, "the batch axis is missing"),
+        (lambda ids: _same(ids) & _lower(ids).T, "the comparison is transposed"),
+        (lambda ids: _same(ids) & _lower(ids).tril(-1), "each token must also see itself"),
+        (lambda ids: torch.eye(ids.shape[-1], dtype=torch.bool).expand(ids.shape[0], -1, -1), "not their positions"),
+        (lambda ids: packed_right(ids[:1]).expand(ids.shape[0], -1, -1), "the mask of example 0"),
+        (lambda ids: (ids[:, :, None] == ids[:, None, :]).any(-1), "one value per token"),
+        (lambda ids: (ids[:, None] == ids[None, :]) & _lower(ids)[-1], "examples met examples"),
+        (lambda ids: packed_right(ids)[:, None], "an extra axis"),
+        (lambda ids: packed_right(ids).float(), "dtype torch.float32"),
+        (lambda ids: packed_right(ids).int(), "dtype torch.int32"),
+        (_in_place, "in place"),
     ],
 )
-def test_causal_mistakes_are_named(fn, fragment):
-    fails_with(checks.check_causal_mask, fn, fragment)
+def test_packed_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_packed_mask, fn, fragment)
+
+
+def test_packed_unknown_mistake_shows_the_first_difference():
+    def one_wrong_entry(ids):
+        keep = packed_right(ids).clone()
+        keep[-1, -1, 0] = ~keep[-1, -1, 0]
+        return keep
+
+    fails_with(checks.check_packed_mask, one_wrong_entry, "wrong mask, first at index (1, 5, 0)", "expected:")
+
+
+def test_packed_stub_is_not_attempted_and_fails_in_strict_mode(capsys, monkeypatch):
+    def stub(segment_ids):
+        raise NotImplementedError("Exercise 1: not written yet")
+
+    assert checks.check_packed_mask(stub) is None
+    assert "check_packed_mask: not attempted yet" in capsys.readouterr().out
+    monkeypatch.setenv("MHA_TUTORIAL_STRICT_CHECKS", "1")
+    fails_with(checks.check_packed_mask, stub, "not attempted")
 
 
 # --------------------------------------------------------------------------- notebook 02, exercise 2: padding mask
@@ -170,7 +225,7 @@ def test_masked_softmax_mistakes_are_named(fn, fragment):
 def test_checks_are_exported():
     from mha_tutorial.checks import nb02
 
-    assert set(nb02.__all__) == {"check_causal_mask", "check_padding_mask", "check_masked_softmax"}
+    assert set(nb02.__all__) == {"check_packed_mask", "check_padding_mask", "check_masked_softmax"}
     for name in nb02.__all__:
         assert callable(getattr(checks, name))
 
@@ -178,12 +233,6 @@ def test_checks_are_exported():
 @pytest.mark.parametrize(
     "check, fn, fragment",
     [
-        (checks.check_causal_mask, mha_tutorial.causal_mask, "mha_tutorial.causal_mask"),
-        (
-            checks.check_causal_mask,
-            lambda q, k=None: mha_tutorial.causal_mask(q, k).clone(),
-            "mha_tutorial.causal_mask",
-        ),
         (checks.check_padding_mask, mha_tutorial.padding_mask, "mha_tutorial.padding_mask"),
         (checks.check_masked_softmax, mha_tutorial.masked_softmax, "mha_tutorial.masked_softmax"),
         (
@@ -197,8 +246,19 @@ def test_the_package_functions_are_refused(check, fn, fragment):
     fails_with(check, fn, fragment, "write that step yourself")
 
 
-def test_causal_message_does_not_give_the_answer():
-    message = fails_with(
-        checks.check_causal_mask, lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).tril(), "last* Q"
-    )
-    assert "tril(" not in message
+def test_packed_messages_do_not_give_the_answer():
+    for fn in (_same, lambda ids: _lower(ids).expand(ids.shape[0], -1, -1)):
+        message = fails_with(checks.check_packed_mask, fn, "missing")
+        assert "tril(" not in message and "expected:" not in message
+
+
+def test_packed_cases_cover_the_edge_cases():
+    from mha_tutorial.checks.nb02 import _packed_cases
+
+    cases = _packed_cases()
+    assert {c.shape[0] == 1 for c in cases} == {True, False}  # B = 1 and B > 1
+    rows = [row.tolist() for c in cases for row in c]
+    assert any(len(set(r)) == 1 and len(r) > 1 for r in rows)  # one document
+    assert any(len(set(r)) == len(r) > 1 for r in rows)  # every token its own document
+    assert any(r.count(r[-1]) == 1 and len(r) > 1 for r in rows)  # a document of length 1 after others
+    assert any(min(r) > 0 or sorted(set(r)) != list(range(min(r), max(r) + 1)) for r in rows)  # free ids

@@ -203,6 +203,38 @@ def test_the_figure_has_one_panel_per_task_on_one_scale(study):
     assert all(t.get_fontsize() >= 8 for ax in axes for t in ax.get_xticklabels() + ax.get_yticklabels())
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "mean init, converted" in labels and "mean init, uptrained" in labels and any("control" in s for s in labels)
+    assert len(fig.legends) == 1 and len(labels) == len(set(labels))  # one legend, every entry once
+
+
+def test_the_figure_draws_a_bar_only_where_the_seeds_differ_and_extra_points_where_asked(study):
+    extra = {"induction": [(512, 0.9), (256, 0.3)]}
+    fig = gs.plot_study(study, extra_points=extra, extra_label="my points")
+    numbers = gs.summary(study)
+    for ax, task in zip(fig.axes, gs.TASKS, strict=True):
+        bars = [seg for c in ax.collections if c.get_segments() for seg in c.get_segments()]  # errorbars' lines
+        lengths = sorted(round(float(s[1][1] - s[0][1]), 9) for s in bars)
+        rows = numbers.loc[task].drop(index=gs.CONTROL, level="init")  # the markers' seeds (the control: a line)
+        spreads = sorted(round(float(v), 9) for v in rows["max"] - rows["min"] if v > 0)
+        assert lengths == spreads, task  # one bar per marker whose seeds differ, as long as their range
+    (diamonds,) = [line for line in fig.axes[0].get_lines() if line.get_label() == "my points"]
+    x, y = diamonds.get_data()
+    assert list(y) == [0.9, 0.3]
+    assert all(b < xi < b * 2**0.25 for xi, b in zip(x, (512, 256), strict=True))  # just right of their size
+    assert not [line for line in fig.axes[1].get_lines() if line.get_label() == "my points"]
+    assert "my points" in [t.get_text() for t in fig.legends[0].get_texts()]
+    plain = gs.plot_study(study)
+    assert "extra points" not in [t.get_text() for t in plain.legends[0].get_texts()]
+    bands = [p for ax in plain.axes for p in ax.patches if "seeds' range" in p.get_label()]
+    assert not bands  # the shipped control's ranges are narrower than BAND_MIN: no invisible band in the legend
+    for bad, fragment in [
+        ({"reversal": [(512, 0.5)]}, "has no panel"),
+        ({"induction": [(300, 0.5)]}, "kv_bytes in"),
+        ({"induction": [(512, 1.5)]}, r"must lie in \[0, 1\]"),
+    ]:
+        with pytest.raises(ValueError, match=fragment):
+            gs.plot_study(study, extra_points=bad)
+    with pytest.raises(TypeError, match="extra_points must be a dict"):
+        gs.plot_study(study, extra_points=[(512, 0.5)])
 
 
 def test_bad_arguments_are_refused_before_any_work(models):
