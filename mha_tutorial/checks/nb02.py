@@ -36,7 +36,7 @@ _PACKAGE_MASKED_SOFTMAX = {
     attention.masked_softmax: "mha_tutorial.masked_softmax",
     attention._softmax_over_keys: "the package's masked softmax",
     attention.scaled_dot_product_attention: "mha_tutorial.scaled_dot_product_attention",
-    masks.padding_mask: "mha_tutorial.padding_mask (build the mask yourself, as in Exercise 2)",
+    masks.padding_mask: "mha_tutorial.padding_mask (build the mask yourself, as in Exercise 1)",
 }
 
 __all__ = ["check_packed_mask", "check_padding_mask", "check_masked_softmax"]
@@ -66,7 +66,7 @@ def _mask_difference(actual: torch.Tensor, expected: torch.Tensor, case: str) ->
     )
 
 
-# --------------------------------------------------------------------------- Exercise 1
+# --------------------------------------------------------------------------- Exercise 3 (packed documents)
 
 
 def _packed_reference(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -181,7 +181,7 @@ def check_packed_mask(my_packed_mask) -> None:
     passed("check_packed_mask", len(cases))
 
 
-# --------------------------------------------------------------------------- Exercise 2
+# --------------------------------------------------------------------------- Exercise 1 (padding mask)
 
 
 @friendly
@@ -227,7 +227,7 @@ def check_padding_mask(my_padding_mask) -> None:
     passed("check_padding_mask", len(cases))
 
 
-# --------------------------------------------------------------------------- Exercise 3
+# --------------------------------------------------------------------------- Exercise 2 (masked softmax)
 
 
 def _seeded_scores(shape, seed, dtype=torch.float32):

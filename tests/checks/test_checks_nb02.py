@@ -10,7 +10,7 @@ from mha_tutorial import checks
 
 from testkit import fails_with
 
-# --------------------------------------------------------------------------- notebook 02, exercise 1: packed mask
+# --------------------------------------------------------------------------- notebook 02, exercise 3: packed mask
 
 
 def packed_loop(segment_ids):
@@ -90,7 +90,7 @@ def test_packed_unknown_mistake_shows_the_first_difference():
 
 def test_packed_stub_is_not_attempted_and_fails_in_strict_mode(capsys, monkeypatch):
     def stub(segment_ids):
-        raise NotImplementedError("Exercise 1: not written yet")
+        raise NotImplementedError("Exercise 3: not written yet")
 
     assert checks.check_packed_mask(stub) is None
     assert "check_packed_mask: not attempted yet" in capsys.readouterr().out
@@ -98,7 +98,7 @@ def test_packed_stub_is_not_attempted_and_fails_in_strict_mode(capsys, monkeypat
     fails_with(checks.check_packed_mask, stub, "not attempted")
 
 
-# --------------------------------------------------------------------------- notebook 02, exercise 2: padding mask
+# --------------------------------------------------------------------------- notebook 02, exercise 1: padding mask
 
 
 def padding_right(valid_lens, num_keys):
@@ -125,7 +125,7 @@ def test_padding_mistakes_are_named(fn, fragment):
     fails_with(checks.check_padding_mask, fn, fragment)
 
 
-# --------------------------------------------------------------------------- notebook 02, exercise 3: masked softmax
+# --------------------------------------------------------------------------- notebook 02, exercise 2: masked softmax
 
 
 def _keep(scores, valid_lens):
@@ -239,6 +239,11 @@ def test_checks_are_exported():
             checks.check_masked_softmax,
             lambda s, lens: mha_tutorial.masked_softmax(s, valid_lens=lens) + 0,
             "mha_tutorial.masked_softmax",
+        ),
+        (  # Exercise 2 reuses Exercise 1's mask: the refusal points back to it by its number
+            checks.check_masked_softmax,
+            lambda s, lens: s.masked_fill(~mha_tutorial.padding_mask(lens, s.shape[-1]), 0.0),
+            "mha_tutorial.padding_mask (build the mask yourself, as in Exercise 1)",
         ),
     ],
 )

@@ -45,12 +45,37 @@ def test_a_stub_is_not_attempted_and_fails_in_strict_mode(check, capsys, monkeyp
 # ---------------------------------------------------------------- Exercise 1: one head off with head_mask
 
 
+_SCORES: dict = {}  # (metric, model, mode, pairs, gates) -> value: the stand-ins below share their MiniLM runs
+
+
+def memo_score(metric, model, pairs, gates=None) -> float:
+    """``retrieval_accuracy`` or ``retrieval_loss`` of the learners' stand-ins, computed once per distinct call.
+
+    Both are deterministic functions of (model, train/eval mode, pairs, gates), all of them in the key (reading
+    ``pairs`` here is what the package's function does first anyway, so the check's "never read `pairs`" still
+    sees the truth); a call that raises is not stored. The ~20 stand-in runs of this file ask for 8 distinct
+    scores, each about half a second of MiniLM on one thread. The check's own reference is not shared (the package
+    computes it separately), so every comparison the check makes is still against an independent computation.
+    """
+    pairs = tuple(pairs)
+    exact = None if gates is None else repr((tuple(gates.shape), gates.tolist()))  # hashable, exact for 0.0 and 1.0
+    key = (metric.__name__, id(model), model.training, pairs, exact)
+    if key not in _SCORES:
+        with torch.no_grad():
+            value = metric(model, list(pairs), gates)
+        _SCORES[key] = value.item() if isinstance(value, torch.Tensor) else value
+    return _SCORES[key]
+
+
+def scored(model, pairs, gates=None) -> tuple[float, float]:
+    """(accuracy@1, retrieval loss) of ``model`` on ``pairs`` with ``gates`` as its head_mask."""
+    return memo_score(retrieval_accuracy, model, pairs, gates), memo_score(retrieval_loss, model, pairs, gates)
+
+
 def ablation_right(model, pairs, layer, head):
     gates = torch.ones(6, 12)  # (layers, heads)
     gates[layer, head] = 0.0
-    with torch.no_grad():
-        full = retrieval_accuracy(model, pairs), retrieval_loss(model, pairs).item()
-        off = retrieval_accuracy(model, pairs, head_mask=gates), retrieval_loss(model, pairs, gates).item()
+    full, off = scored(model, pairs), scored(model, pairs, gates)
     return off[0] - full[0], off[1] - full[1]
 
 
@@ -59,9 +84,7 @@ def ablation_gates(gates_for):
 
     def fn(model, pairs, layer, head):
         gates = gates_for(layer, head)
-        with torch.no_grad():
-            full = retrieval_accuracy(model, pairs), retrieval_loss(model, pairs).item()
-            off = retrieval_accuracy(model, pairs, head_mask=gates), retrieval_loss(model, pairs, gates).item()
+        full, off = scored(model, pairs), scored(model, pairs, gates)
         return off[0] - full[0], off[1] - full[1]
 
     return fn
@@ -105,10 +128,8 @@ def ablation_importance_loss(model, pairs, layer, head):
     acc, _ = ablation_right(model, pairs, layer, head)
     gates = torch.ones(6, 12)  # (layers, heads)
     gates[layer, head] = 0.0
-    importance = load_paraphrases("importance")
-    with torch.no_grad():  # only the loss on the other pairs: the mistake needs no accuracy there
-        loss = retrieval_loss(model, importance, gates).item() - retrieval_loss(model, importance).item()
-    return acc, loss
+    importance = load_paraphrases("importance")  # only the loss on the other pairs: no accuracy needed there
+    return acc, memo_score(retrieval_loss, model, importance, gates) - memo_score(retrieval_loss, model, importance)
 
 
 def test_ablation_accepts_the_right_answer(capsys):

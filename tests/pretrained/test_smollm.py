@@ -12,9 +12,12 @@ float32 to ATOL (they are of order 10; the largest difference measured is printe
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,8 +47,29 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def ours():
-    return smollm.load_smollm(device="cpu")
+def dequantised():
+    """gguf.quants.dequantize's results while ``ours`` loads, by input: {id(data): (data, type, array)}."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def ours(dequantised):
+    """Our LlamaDecoder from the file, the gguf library's dequantised arrays kept for ``reference`` (which asks the
+    same function the same thing: the same array objects of the same reader, with the same types)."""
+    import gguf.quants
+
+    dequantize = gguf.quants.dequantize
+
+    def recording(data, qtype):
+        array = dequantize(data, qtype)
+        # data kept alive, so that its id stays its own; a copy of the array, so that nothing ours does to the one
+        # it gets (in place) can reach the reference
+        dequantised[id(data)] = (data, qtype, np.array(array, copy=True))
+        return array
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf.quants, "dequantize", recording)  # smollm imports it at call time
+        return smollm.load_smollm(device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -53,24 +77,58 @@ def tokenizer():
     return smollm.load_smollm_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def reference(ours):
-    """(transformers' LlamaForCausalLM, its tokenizer), both built by transformers from the GGUF file, offline.
+@contextlib.contextmanager
+def repeated_work_shared(dequantised):
+    """transformers' GGUF loading as it is, minus work that would be repeated on the same input.
 
-    The tensors are the gguf library's dequantised arrays of the file (the reader ``ours`` opened: parsing the file
-    again costs seconds), put through the pieces of transformers' own GGUF loader: its tensor processor for
-    llama (which reorders the W_q/W_k rows its own way) and its name map onto LlamaForCausalLM.
+    * ``gguf.GGUFReader``: AutoConfig and AutoTokenizer each parse the file (about 6 s each); they are handed the
+      reader ``ours`` opened, the same library's parse of the same sha256-checked bytes, so that the config and the
+      tokenizer are still transformers' own work on the file's metadata;
+    * ``gguf.get_tensor_name_map``: get_gguf_hf_weights_map calls itself on each of the model's ~400 submodules
+      and each call builds gguf's (arch, layers) -> name table afresh (about 10 s in all): built once, it is the
+      same table;
+    * the dequantised arrays: those ``dequantize`` returned while ``ours`` loaded, for the very same array
+      objects and types (a pure function: calling it again gives the same values, in about 3 s).
+    No step of transformers' is replaced by one of ours.
     """
+    import gguf
     from gguf.quants import dequantize
 
+    path, parse = smollm.gguf_path(), gguf.GGUFReader
+
+    def parsed_once(file, *args, **kwargs):
+        same = not args and not kwargs and Path(file).resolve() == path.resolve()
+        return smollm._reader() if same else parse(file, *args, **kwargs)
+
+    def dequantised_once(tensor):
+        data, qtype, array = dequantised.pop(id(tensor.data), (None, None, None))
+        if data is tensor.data and qtype == tensor.tensor_type:
+            return array
+        return dequantize(tensor.data, tensor.tensor_type)
+
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", parsed_once)  # transformers imports both at call time
+        mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        yield dequantised_once
+    assert not dequantised, "every array recorded while ours loaded is used once"
+
+
+@pytest.fixture(scope="module")
+def reference(ours, dequantised):
+    """(transformers' LlamaForCausalLM, its tokenizer), both built by transformers from the GGUF file, offline.
+
+    The tensors are the gguf library's dequantised arrays of the file, put through the pieces of transformers' own
+    GGUF loader: its tensor processor for llama (which reorders the W_q/W_k rows its own way) and its name map onto
+    LlamaForCausalLM. What would be computed twice on the same input is shared (``repeated_work_shared``).
+    """
+    path = smollm.gguf_path()
+    with repeated_work_shared(dequantised) as dequantised_once, pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
         from transformers.initialization import no_init_weights
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, get_gguf_hf_weights_map
 
-        path = smollm.gguf_path()
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         with no_init_weights():  # every weight is loaded below
             model = LlamaForCausalLM(config)
@@ -79,7 +137,7 @@ def reference(ours):
         names = get_gguf_hf_weights_map(model, processor)
         tensors = {}
         for tensor in smollm._reader().tensors:
-            done = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name)
+            done = processor.process(weights=dequantised_once(tensor), name=tensor.name)
             tensors[names[done.name]] = torch.from_numpy(np.array(done.weights, dtype=np.float32))
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         assert missing == ["lm_head.weight"] and not unexpected  # the head is tied to the embedding
