@@ -1,22 +1,11 @@
-"""Checks for the exercises of notebook 13 (grouped-query attention).
+"""Checks for the exercises of notebook 13 (grouped-query attention); each reference is written here with loops.
 
-Exercise 1: pool a trained layer's W_k (or W_v) by hand for grouped-query attention: each group of G = H / H_kv
-consecutive heads becomes the mean of its heads' rows (Ainslie et al. 2023). The reference is a loop over the groups
-and their heads written here; the package's ``gqa.mha_to_gqa`` and ``gqa._grouped_rows`` are refused. Interleaved
-groups (h % H_kv), the sum, the group's first head, the mean of all heads, neighbouring rows averaged, a head's d
-rows averaged, the pooled heads expanded back to H, an unpooled bias and inputs changed in place are named.
-
-Exercise 2: how much mean pooling throws away: per group, the mean over its heads of ||W_h - M_j||_F / ||W_h||_F.
-The reference is plain loops (the Frobenius norm too); ``gqa._grouped_rows`` is refused so that the learner forms
-the group means. Interleaved groups, no normalisation, normalising by ||M_j||, the max over a group, the mean of all
-heads as the centre, squared ratios and one number per head are named.
-
-Exercise 3: grouped-query attention on (B, H, T, d) queries and (B, H_kv, S, d) keys and values without copying
-the K/V heads. The reference is a loop over the query heads; the package's attention and PyTorch's SDPA are
-refused, and so are repeat_interleave and repeat, and any tensor holding G times K's (or V's) numbers in memory of its
-own, whatever its rank: an expand-and-reshape, cat or stack copy, and the copy `@` makes when it broadcasts a size-1
-axis of k. Tiled heads (h % H_kv), heads merged back in the wrong order, no or the wrong scaling and a softmax over the
-queries are named.
+Exercise 1: pool W_k (or W_v) by averaging each group of G = H / H_kv consecutive heads (Ainslie et al. 2023);
+``gqa.mha_to_gqa`` and ``gqa._grouped_rows`` are refused; nine slips named. Exercise 2: per group, the mean over its
+heads of ||W_h - M_j||_F / ||W_h||_F (``gqa._grouped_rows`` refused; seven slips named); given the induction model
+and its heads aligned in pairs, the learner's function measures both. Exercise 3: grouped-query attention with no
+G-fold copy of K/V: the package's attention, SDPA, repeat_interleave, repeat and any tensor holding G times K's (or
+V's) numbers in memory of its own (expand-and-reshape, cat, stack, `@` broadcasting a size-1 axis of k) are refused.
 """
 
 from __future__ import annotations
@@ -41,37 +30,29 @@ _GROUPS = (
 )
 
 
-def _blocks(x, H):
-    """Head h's block of d rows of x (H*d, ...), for h = 0 .. H-1: a list of H tensors (d, ...)."""
+def _blocks(x, H):  # head h's block of d rows of x (H*d, ...), for h = 0 .. H-1: a list of H tensors (d, ...)
     d = x.shape[0] // H
     return [x[h * d : (h + 1) * d] for h in range(H)]
 
 
-def _groups(H, H_kv, interleaved=False):
-    """The heads of each group: [[0 .. G-1], [G .. 2G-1], ...]; interleaved: [[0, H_kv, 2 H_kv, ...], [1, ...], ...]."""
+def _groups(H, H_kv, interleaved=False):  # each group's heads: [[0 .. G-1], ...]; interleaved: [[0, H_kv, ...], ...]
     G = H // H_kv
     if interleaved:
         return [[j + H_kv * g for g in range(G)] for j in range(H_kv)]
     return [[j * G + g for g in range(G)] for j in range(H_kv)]
 
 
-# =====================================================================================================
 # Exercise 1: pool the K/V heads
-# =====================================================================================================
-def _pool(x, H, H_kv, *, interleaved=False, how="mean"):
-    """x (H*d, ...) -> (H_kv*d, ...): group j's block is the mean (or "sum", or "first") of its heads' blocks."""
+def _pool(x, H, H_kv, *, interleaved=False, how="mean"):  # x (H*d, ...) -> (H_kv*d, ...): each group's mean
     blocks = _blocks(x, H)
     pooled = []
     for heads in _groups(H, H_kv, interleaved):
-        total = torch.zeros_like(blocks[0])  # (d, ...)
-        for h in heads:
-            total = total + blocks[h]
+        total = sum((blocks[h] for h in heads), torch.zeros_like(blocks[0]))  # (d, ...): added one by one
         pooled.append({"mean": total / len(heads), "sum": total, "first": blocks[heads[0]]}[how])
     return torch.cat(pooled)  # (H_kv*d, ...)
 
 
-def _pool_mistakes(x, H, H_kv, what):
-    """(what is wrong, what it computes) for the slips of exercise 1 on x (H*d, ...), computed as far as needed."""
+def _pool_mistakes(x, H, H_kv, what):  # (what is wrong, what it computes), computed only as far as needed
     d, G = x.shape[0] // H, H // H_kv
     right = _pool(x, H, H_kv)  # (H_kv*d, ...)
     yield (f"the {what} came back unpooled, with all H*d rows: return H_kv*d rows, one block of d per group",
@@ -110,9 +91,7 @@ def _pool_mistakes(x, H, H_kv, what):
     )
 
 
-def _pool_shape(what, d):
-    """When no named mistake fits: explain a wrong shape, else name the first wrong value."""
-
+def _pool_shape(what, d):  # when no named mistake fits: explain a wrong shape, else name the first wrong value
     def otherwise(actual, expected, case):
         if tuple(actual.shape) != tuple(expected.shape):
             raise CheckFailed(
@@ -135,8 +114,7 @@ _POOL_CASES = [
 _POOL_REFUSED = {gqa.mha_to_gqa: "the package's gqa.mha_to_gqa", gqa._grouped_rows: "the package's gqa._grouped_rows"}
 
 
-def _pooled_pair(got, case):
-    """The learner's (weight, bias), or a plain message saying what came back instead."""
+def _pooled_pair(got, case):  # the learner's (weight, bias), or a plain message saying what came back instead
     if not (isinstance(got, tuple | list) and len(got) == 2):
         raise CheckFailed(f"{case}: return two tensors, (weight, bias); got {type(got).__name__}")
     for what, t in zip(("weight", "bias"), got, strict=True):
@@ -166,29 +144,20 @@ def check_pool_kv_heads(fn) -> None:
     passed("check_pool_kv_heads", len(_POOL_CASES))
 
 
-# =====================================================================================================
 # Exercise 2: how far is each head from its group's mean?
-# =====================================================================================================
-def _frobenius(block) -> float:
-    """sqrt of the sum of squares of every entry, by a plain loop."""
-    return math.sqrt(sum(v * v for v in block.flatten().tolist()))
-
-
 def _spread(weight, H, H_kv, *, interleaved=False, scale="own", reduce="mean", centre="group", power=1):
-    """Per group (H_kv,) by loops: the mean over its heads h of (||W_h - M_j||_F / ||W_h||_F) ** power.
-
-    The keywords switch on the slips the check names: ``scale`` "mean" (||M_j||) or "none", ``reduce`` "max" or
-    "head" (one ratio per head, (H,)), ``centre`` "all" (the mean of all heads); the defaults are right.
-    """
+    """Per group (H_kv,) by loops: the mean over its heads h of (||W_h - M_j||_F / ||W_h||_F) ** power. The keywords
+    switch on the named slips (``scale`` by ||M_j|| or none, ``reduce`` max or per head, ``centre`` all heads)."""
     blocks = _blocks(weight, H)  # H blocks (d, D_in)
+    frobenius = lambda x: math.sqrt(sum(v * v for v in x.flatten().tolist()))  # noqa: E731 -- by a plain loop
     everyone = sum(blocks) / H  # (d, D_in)
     per_group, per_head = [], [0.0] * H
     for heads in _groups(H, H_kv, interleaved):
         mean = sum(blocks[h] for h in heads) / len(heads)  # (d, D_in): M_j
         ratios = []
         for h in heads:
-            distance = _frobenius(blocks[h] - (mean if centre == "group" else everyone))
-            size = {"own": _frobenius(blocks[h]), "mean": _frobenius(mean), "none": 1.0}[scale]
+            distance = frobenius(blocks[h] - (mean if centre == "group" else everyone))
+            size = {"own": frobenius(blocks[h]), "mean": frobenius(mean), "none": 1.0}[scale]
             ratios.append((distance / size) ** power)
             per_head[h] = ratios[-1]
         per_group.append(max(ratios) if reduce == "max" else sum(ratios) / len(ratios))
@@ -224,8 +193,7 @@ def _spread_mistakes(weight, H, H_kv):
            _spread(weight, H, H_kv, reduce="head"))  # fmt: skip
 
 
-def _spread_cases(g):
-    """(case, weight (H*d, D_in), H, H_kv): random heads of unequal sizes first, then cases whose answer is known."""
+def _spread_cases(g):  # (case, weight (H*d, D_in), H, H_kv): heads of unequal sizes, then cases of known answer
     cases = []
     for case, H, H_kv, d, D_in in [
         ("W_k (16, 8): H = 4 heads of d = 4, H_kv = 2, heads of unequal sizes", 4, 2, 4, 8),
@@ -235,8 +203,7 @@ def _spread_cases(g):
     ]:
         sizes = (0.5 + 1.5 * torch.rand(H, generator=g, dtype=_DT)).repeat_interleave(d)[:, None]  # (H*d, 1)
         cases.append((case, torch.randn(H * d, D_in, generator=g, dtype=_DT) * sizes, H, H_kv))
-    head = torch.randn(3, 5, generator=g, dtype=_DT)  # (d, D_in)
-    other = torch.randn(3, 5, generator=g, dtype=_DT)
+    head, other = (torch.randn(3, 5, generator=g, dtype=_DT) for _ in range(2))  # (d, D_in) each
     cases.append(("W_k (12, 5): H = 4 -> H_kv = 2, heads 0 and 1 identical, heads 2 and 3 identical (spread 0)",
                   torch.cat([head, head, other, other]), 4, 2))  # fmt: skip
     cases.append(("W_k (6, 5): H = 2 -> H_kv = 1, head 1 = -head 0 (their mean is 0, spread 1)",
@@ -246,8 +213,7 @@ def _spread_cases(g):
     return cases
 
 
-def _spread_shape(H, H_kv, d, tol):
-    """When no named mistake fits: explain a wrong shape, else name the first wrong value."""
+def _spread_shape(H, H_kv, d, tol):  # when no named mistake fits: explain a wrong shape, else the first wrong value
     per_row = {(H_kv, d), (H_kv, H // H_kv, d), (H, d)}  # what norms over the last axis alone leave
 
     def otherwise(actual, expected, case):
@@ -262,16 +228,45 @@ def _spread_shape(H, H_kv, d, tol):
     return otherwise
 
 
+def _spread_call(fn, weight, H, H_kv, case):
+    with refusing({gqa._grouped_rows: "the package's gqa._grouped_rows (form the group means yourself)"}):
+        return expect_tensor(call(fn, weight, H, H_kv, case=case), case)
+
+
+def _qk(layer, h):  # head h's query rows and key rows, each bias as one more column, side by side: (d, 2 (D + 1))
+    r = slice(h * layer.head_size, (h + 1) * layer.head_size)
+    return torch.cat([torch.cat([lin.weight[r], lin.bias[r, None]], 1) for lin in (layer.W_q, layer.W_k)], 1).to(_DT)
+
+
+def _measure(fn, trained, aligned):
+    """fn on W_k of each attention layer at H_kv = 2, as trained and aligned in pairs, against the loops."""
+    rows = []
+    for (name, before), (_, after) in zip(trained.attention_layers(), aligned.attention_layers(), strict=True):
+        for h in range(1, before.num_heads, 2):
+            U, _, Vh = torch.linalg.svd(_qk(after, h - 1) @ _qk(after, h).T)  # Procrustes of head h onto h - 1
+            if not torch.allclose(U @ Vh, torch.eye(len(U), dtype=_DT), atol=1e-4):
+                raise CheckFailed(f"{name}: in the second model, head {h} is not turned onto head {h - 1}: pass "
+                                  'section 3\'s turned(induction_cpu, "aligned"), aligned in pairs')  # fmt: skip
+        spreads = []
+        for label, layer in (("as trained", before), ("aligned", after)):
+            case, weight = f"{name}'s W_k {label}, H = {before.num_heads} -> H_kv = 2", layer.W_k.weight.to(_DT).cpu()
+            got = _spread_call(fn, weight.clone(), before.num_heads, 2, case)
+            expect_close(got, _spread(weight, before.num_heads, 2), case, atol=1e-6, rtol=1e-5)
+            spreads.append(got.to(_DT))
+        rows.append((name, *spreads))
+    return rows
+
+
 @friendly
 @torch.no_grad()
-def check_group_spread(fn) -> None:
-    """``fn(weight, num_heads, num_kv_heads)``: weight (H*d, D_in) -> (H_kv,) float, each group's mean relative spread."""
+def check_group_spread(fn, trained=None, aligned=None) -> None:
+    """``fn(weight, num_heads, num_kv_heads)``: weight (H*d, D_in) -> (H_kv,) float, each group's mean relative spread.
+    Given the induction model ``trained`` and its pairs ``aligned`` (section 3), also measure both with ``fn``."""
     g = torch.Generator().manual_seed(132)
     cases = _spread_cases(g)
     for case, weight, H, H_kv in cases:
         given = weight.clone()
-        with refusing({gqa._grouped_rows: "the package's gqa._grouped_rows (form the group means yourself)"}):
-            got = expect_tensor(call(fn, given, H, H_kv, case=case), case)
+        got = _spread_call(fn, given, H, H_kv, case)
         if not torch.equal(given, weight):
             raise CheckFailed(f"{case}: your function changed the weight in place; work on a copy")
         if not got.is_floating_point():
@@ -286,14 +281,22 @@ def check_group_spread(fn) -> None:
             otherwise=_spread_shape(H, H_kv, weight.shape[0] // H, tol),
             **tol,
         )
+    rows = _measure(fn, trained, aligned) if trained is not None else []
     passed("check_group_spread", len(cases))
+    if rows:
+        two = lambda t: "[" + ", ".join(f"{x:.2f}" for x in t.tolist()) + "]"  # noqa: E731
+        print("Your group_spread on the induction model's W_k, H_kv = 2 (one number per group; checked against loops):")
+        for name, before, after in rows:
+            print(f"  {name}: as trained {two(before)}, aligned {two(after)}")
+        before, after = (torch.cat([row[i] for row in rows]) for i in (1, 2))
+        print(f"  predictions: two unrelated heads of equal norm give 1/sqrt(2) = {1 / math.sqrt(2):.3f}; one "
+              "computation in other coordinates would give 0 once aligned")  # fmt: skip
+        print(f"  measured: as trained {before.min():.2f} to {before.max():.2f}; aligned {after.min():.2f} to "
+              f"{after.max():.2f}, lower in every group: {bool((after < before).all())}")  # fmt: skip
 
 
-# =====================================================================================================
 # Exercise 3: grouped-query attention without copying the K/V heads
-# =====================================================================================================
-def _grouped(q, k, v, *, tiled=False, scale="sqrt", softmax_dim=-1):
-    """Head by head (B, H, T, d): query head h attends with K/V head h // G (``tiled``: h % H_kv, the slip)."""
+def _grouped(q, k, v, *, tiled=False, scale="sqrt", softmax_dim=-1):  # head by head: h reads K/V head h // G
     H, H_kv, d = q.shape[1], k.shape[1], q.shape[-1]
     out = []
     for h in range(H):
@@ -340,8 +343,6 @@ def _grouped_shape(B, H, H_kv, T, d):
 # (B, H, H_kv, T, S, d): T queries, S keys; T != S and T != d, so no query or score tensor has G times K's size
 _GROUPED_CASES = [(2, 4, 2, 3, 5, 4), (1, 6, 2, 2, 4, 3), (2, 4, 1, 3, 6, 2), (1, 6, 3, 1, 7, 4), (2, 3, 3, 2, 3, 2)]
 _COPIES = "copies the K/V heads G times; the exercise is to pair each K/V head with its G query heads without a copy"
-
-
 _GROUPED_REFUSED = {
     attention.scaled_dot_product_attention: "the package's scaled_dot_product_attention",
     attention.masked_softmax: "the package's masked_softmax",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -270,6 +271,69 @@ def test_the_spread_cases_with_known_answers_have_them():
                 )
                 found += 1
     assert found == len(known)
+
+
+def qk_rows(layer, h):
+    """Head h's rows of W_q and of W_k, each with its bias as a last column, side by side: (d, 2 (D + 1))."""
+    r = slice(h * layer.head_size, (h + 1) * layer.head_size)
+    return torch.cat([torch.cat([lin.weight[r], lin.bias[r, None]], 1) for lin in (layer.W_q, layer.W_k)], 1)
+
+
+def turn_heads(model, onto_first):
+    """A copy whose odd heads' queries and keys are turned: onto their pair's first head (orthogonal Procrustes,
+    written here from the SVD), or by a random orthogonal matrix. Scores stay the same either way."""
+    new, g = copy.deepcopy(model), torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _, layer in new.attention_layers():
+            for h in range(1, layer.num_heads, 2):
+                if onto_first:
+                    U, _, Vh = torch.linalg.svd(qk_rows(layer, h - 1) @ qk_rows(layer, h).T)
+                    R = U @ Vh
+                else:
+                    R = torch.linalg.qr(torch.randn(layer.head_size, layer.head_size, generator=g)).Q
+                r = slice(h * layer.head_size, (h + 1) * layer.head_size)
+                for lin in (layer.W_q, layer.W_k):
+                    lin.weight[r], lin.bias[r] = R @ lin.weight[r], R @ lin.bias[r]
+    return new
+
+
+@pytest.fixture(scope="module")
+def induction_models():
+    model = mt.load_pretrained("induction").eval()
+    return model, turn_heads(model, onto_first=True)
+
+
+def test_the_measurement_prints_the_induction_models_spreads(induction_models, capsys):
+    """With the models the check measures with the learner's function: its numbers are the loop's, per layer."""
+    trained, aligned = induction_models
+    checks.check_group_spread(spread_vectorised, trained, aligned)
+    out = capsys.readouterr().out
+    assert "✓ check_group_spread: passed on 7 cases" in out
+    for (name, before), (_, after) in zip(trained.attention_layers(), aligned.attention_layers(), strict=True):
+        two = [[f"{x:.2f}" for x in spread_loop(layer.W_k.weight.detach().double(), 4, 2).tolist()]
+               for layer in (before, after)]  # fmt: skip
+        assert f"{name}: as trained [{', '.join(two[0])}], aligned [{', '.join(two[1])}]" in out, out
+    assert "1/sqrt(2) = 0.707" in out and "lower in every group: True" in out, out
+    forms = [qk_rows(m.attention_layers()[0][1], 1).detach().tensor_split(2, dim=1) for m in induction_models]
+    torch.testing.assert_close(*(q.T @ k for q, k in forms), atol=1e-5, rtol=1e-4)  # the helper's turn keeps scores
+
+
+@pytest.mark.parametrize("onto_first", [None, False], ids=["the-same-model", "random-turns"])
+def test_the_measurement_refuses_a_second_model_not_aligned_in_pairs(induction_models, onto_first):
+    trained = induction_models[0]
+    second = trained if onto_first is None else turn_heads(trained, onto_first)
+    fails_with(lambda fn: checks.check_group_spread(fn, trained, second), spread_loop, "dec.0.self", "head 1 is not "
+               "turned onto head 0", 'turned(induction_cpu, "aligned")')  # fmt: skip
+
+
+def test_the_measurement_compares_the_learners_numbers_with_the_loops(induction_models):
+    """A function right on the small cases (D_in <= 8) but off on the model's D = 64 is caught, naming the layer."""
+
+    def off_on_wide(weight, H, H_kv):
+        return spread_loop(weight, H, H_kv) * (1.01 if weight.shape[1] > 8 else 1.0)
+
+    fails_with(lambda fn: checks.check_group_spread(fn, *induction_models), off_on_wide,
+               "dec.0.self's W_k as trained", "wrong values")  # fmt: skip
 
 
 def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, capsys):
