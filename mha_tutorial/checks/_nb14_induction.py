@@ -1,4 +1,4 @@
-"""Exercise 1 of notebook 14: induction scores, their reference loop, the usual slips, and SmolLM2's real case."""
+"""Exercise 3 of notebook 14: induction scores, their reference loop, the usual slips, and SmolLM2's real case."""
 
 from __future__ import annotations
 

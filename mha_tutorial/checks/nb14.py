@@ -1,6 +1,6 @@
 """Checks for the exercises of notebook 14 (a real language model's heads: SmolLM2-135M).
 
-Exercise 1: each head's induction score on a sequence that repeats every ``period`` tokens: the mean over the
+Exercise 3: each head's induction score on a sequence that repeats every ``period`` tokens: the mean over the
 queries i = period .. T-1 of the weight on key i - period + 1 (the token that followed the query's token last time).
 The reference is a plain loop; with SmolLM2 passed in, the check also runs the model on 64 random tokens repeated and
 prints its top heads. A duplicate-token or previous-token key, queries of the first copy, a skipped query, transposed
@@ -11,7 +11,7 @@ G consecutive heads). The reference is the intact layer with the group's query h
 package's removals are refused. Strided heads, h // H_kv, a neighbouring group, K/V rows kept, W_o's rows cut instead
 of its columns and ``num_heads`` not updated are named.
 
-Exercise 3: perplexity from a causal LM's logits, a formula given only in prose. The reference is a loop with
+Exercise 1: perplexity from a causal LM's logits, a formula given only in prose. The reference is a loop with
 ``math.log`` and ``math.exp`` in float64; ``smollm_study``'s perplexities are refused. No shift, the wrong shift, the
 last position scored, averaged probabilities, mixed log bases, no exp, per-sequence perplexities averaged, a sum, the
 wrong sign, an overflowing exp and the log of an underflowed 0 are named.
@@ -40,7 +40,7 @@ _TOL32 = dict(atol=1e-6, rtol=1e-5)  # a float32 answer is fine, to its precisio
 
 
 # =====================================================================================================
-# Exercise 1: induction heads on a repeated random sequence
+# Exercise 3: induction heads on a repeated random sequence
 # =====================================================================================================
 @friendly
 @torch.no_grad()
@@ -197,7 +197,7 @@ def check_drop_group(fn) -> None:
 
 
 # =====================================================================================================
-# Exercise 3: perplexity from logits
+# Exercise 1: perplexity from logits
 # =====================================================================================================
 def _as_number(got, case, what):
     """A Python int/float or a 0-d tensor as a float; anything else is a plain-words failure."""

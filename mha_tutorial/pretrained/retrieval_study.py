@@ -148,10 +148,10 @@ def plot_pruning_curves(study, live=None, counts=SPOT_COUNTS, n_pairs: int = 160
     axes[1].set(title="Retrieval loss on the eval pairs")
     axes[0].legend(loc="lower left", fontsize=8, ncol=2)
     axes[1].legend(loc="upper left", fontsize=8)
-    fig.suptitle(
-        f"Pruning the 72 heads of all-MiniLM-L6-v2 (shipped curves)\ncrosses: {len(counts)} points re-measured live, "
-        "normalised order on top, raw order below"
+    crosses = (
+        "" if live is None else f"\ncrosses: {len(counts)} points re-measured live, normalised order on top, raw below"
     )
+    fig.suptitle(f"Pruning the 72 heads of all-MiniLM-L6-v2 (shipped curves){crosses}")
     return fig
 
 

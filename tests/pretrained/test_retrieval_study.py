@@ -127,5 +127,8 @@ def test_figures_draw_points_not_boxes(study):
     with pytest.raises(ValueError):
         rs.plot_importance_vs_ablation(study["importance_raw"], lost[:3])
     fig = rs.plot_pruning_curves(study, {"accuracy": [0.8, 0.8, 0.8], "loss": [0.3, 0.3, 0.3]})
-    assert len(fig.axes) == 2
+    assert len(fig.axes) == 2 and "3 points re-measured live" in fig._suptitle.get_text()
+    plt.close(fig)
+    fig = rs.plot_pruning_curves(study)  # no live points: the title claims none
+    assert "re-measured" not in fig._suptitle.get_text()
     plt.close(fig)
