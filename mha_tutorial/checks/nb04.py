@@ -1,27 +1,18 @@
-"""Checks for the exercises of notebook 04 (multi-head attention).
+"""Checks for the exercises of notebooks 04 and 04a (multi-head attention).
 
-The forward check compares the learner's function with ``MultiHeadAttention``
-itself and, when they differ, with a small set of deliberately broken
-variants (no W_o, no scale, heads concatenated in the wrong order, ``repeat``
-instead of ``repeat_interleave``, ...) so that it can name the mistake.
-
-The parameter-counting checks live in ``_nb04_params`` and the head-off check in ``_nb04_head_off``; they are
-re-exported here, so ``nb04.check_num_params`` is the same function as ``checks.check_num_params``.
+The forward check lives in ``_nb04_forward``, the parameter-counting checks in ``_nb04_params`` and the head-off
+check in ``_nb04_head_off``; they are re-exported here, so ``nb04.check_num_params`` is the same function as
+``checks.check_num_params``. The peak-memory prediction of notebook 04a is checked here.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
-from dataclasses import dataclass
 
 import torch
 
-from ..core.attention import DotProductAttention, masked_softmax
-from ..core.masks import padding_mask
-from ..core.mha import MultiHeadAttention
-from ..core.variants import EinsumMultiHeadAttention, HeadLoopMultiHeadAttention, SeqFirstMultiHeadAttention
-from ._common import CheckFailed, call, expect_close, expect_shape, expect_tensor, friendly, passed
+from ._common import CheckFailed, call, friendly, passed
+from ._nb04_forward import check_mha_forward
 from ._nb04_guards import _refusing
 from ._nb04_head_off import check_head_off
 from ._nb04_params import _TORCH_PARAM_CASES as _TORCH_PARAM_CASES
@@ -35,194 +26,6 @@ __all__ = [
     "check_head_off",
     "check_peak_prediction",
 ]
-
-
-class _NoForward(MultiHeadAttention):
-    """A MultiHeadAttention that refuses to be called: the exercise is to use its four Linear layers."""
-
-    def forward(self, *args, **kwargs):
-        raise CheckFailed(
-            "your function called net(...) itself; the exercise is to compute the output from "
-            "net.W_q, net.W_k, net.W_v and net.W_o"
-        )
-
-
-_PACKAGE_LAYERS = (
-    MultiHeadAttention,
-    HeadLoopMultiHeadAttention,
-    EinsumMultiHeadAttention,
-    SeqFirstMultiHeadAttention,
-    DotProductAttention,
-)
-
-
-def _no_package_attention():
-    return _refusing(
-        _PACKAGE_LAYERS,
-        "forward",
-        "your function ran the package's attention (a MultiHeadAttention or its inner attention); the "
-        "exercise is to compute the output yourself from net.W_q, net.W_k, net.W_v and net.W_o",
-    )
-
-
-@dataclass(frozen=True)
-class _Switches:
-    """The mistakes ``_variant`` can make; the defaults make none."""
-
-    scale: str | None = "head"  # "head": 1/sqrt(d); "model": 1/sqrt(num_hiddens); None: no scale
-    use_wo: bool = True  # the concatenated heads go through W_o
-    concat: str = "blocks"  # "blocks" (right), "interleaved" (merged as (d, H)), "reversed" (last head first)
-    # or "no_transpose" ((B, H, Q, d) reshaped straight to (B, Q, H*d))
-    lens: str = "interleave"  # valid_lens per example ("interleave"), tiled with repeat ("repeat") or "ignore"d
-    split: bool = True  # False: one head over all num_hiddens features
-    softmax_dim: int = -1  # the axis the softmax normalises (-1: the keys)
-
-
-def _variant(net, queries, keys, values, valid_lens=None, **switches):
-    """Multi-head attention with switchable mistakes (the fields of ``_Switches``); the defaults give the right
-    answer.
-
-    Written on (B, H, T, d) tensors, independently of ``transpose_qkv``.
-    """
-    m = _Switches(**switches)
-    H = net.num_heads if m.split else 1
-    d = net.num_hiddens // H
-
-    def heads(x):  # (B, T, D) -> (B, H, T, d)
-        return x.unflatten(-1, (H, d)).transpose(1, 2)
-
-    q, k, v = heads(net.W_q(queries)), heads(net.W_k(keys)), heads(net.W_v(values))
-    out = _variant_weights(q, k, valid_lens, m) @ v  # (B, H, Q, d)
-    if m.concat == "blocks":
-        cat = out.transpose(1, 2).flatten(2)  # (B, Q, H*d), head h in features h*d .. (h+1)*d - 1
-    elif m.concat == "interleaved":
-        cat = out.permute(0, 2, 3, 1).flatten(2)  # (B, Q, d*H): feature j of every head, then j+1, ...
-    elif m.concat == "no_transpose":  # reads (B, H, Q, d) in memory order: mixes positions and heads
-        cat = out.reshape(out.shape[0], out.shape[2], -1)
-    else:  # "reversed"
-        cat = out.flip(1).transpose(1, 2).flatten(2)
-    return net.W_o(cat) if m.use_wo else cat
-
-
-def _variant_weights(q, k, valid_lens, m: _Switches):
-    """The attention weights (B, H, Q, K) of ``q`` (B, H, Q, d) over ``k`` (B, H, K, d), with ``m``'s mistakes."""
-    B, H, _, d = q.shape
-    num_keys = k.shape[2]
-    scores = q @ k.transpose(-2, -1)  # (B, H, Q, K)
-    if m.scale == "head":
-        scores = scores / math.sqrt(d)
-    elif m.scale == "model":
-        scores = scores / math.sqrt(H * d)  # H * d = num_hiddens
-    keep = None
-    if valid_lens is not None and m.lens != "ignore":
-        if m.lens == "interleave":
-            keep = padding_mask(valid_lens, num_keys)[:, None]  # (B, 1, 1, K)
-        else:  # "repeat": row b*H + h of the folded batch wrongly gets valid_lens[(b*H + h) mod B]
-            tiled = valid_lens.repeat(H)  # (B*H,)
-            keep = padding_mask(tiled, num_keys).view(B, H, 1, num_keys)
-    if m.softmax_dim == -1:
-        return masked_softmax(scores, mask=keep)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores, dim=m.softmax_dim)
-
-
-_MISTAKES = [
-    ("forgot the output projection: the concatenated heads must go through W_o", dict(use_wo=False)),
-    ("forgot the 1/sqrt(d) scale on the scores", dict(scale=None)),
-    (
-        "scaled by 1/sqrt(num_hiddens); the scale uses the size of one head, d = num_hiddens / num_heads",
-        dict(scale="model"),
-    ),
-    (
-        "heads concatenated in the wrong order: their features come out interleaved (merged as (d, H)); "
-        "head h must fill features h*d .. (h+1)*d - 1 before W_o",
-        dict(concat="interleaved"),
-    ),
-    (
-        "heads concatenated in the wrong order (last head first); head h must fill features h*d .. (h+1)*d - 1",
-        dict(concat="reversed"),
-    ),
-    (
-        "heads merged without the transpose: reshaping (B, H, Q, d) straight to (B, Q, H*d) mixes positions and "
-        "heads; transpose to (B, Q, H, d) first, then flatten the last two axes",
-        dict(concat="no_transpose"),
-    ),
-    (
-        "looks like `repeat` instead of `repeat_interleave` for valid_lens: row b*H + h of the folded "
-        "batch belongs to example b, so each length must be repeated H times in place",
-        dict(lens="repeat"),
-    ),
-    ("valid_lens is ignored: padded keys still receive attention weight", dict(lens="ignore")),
-    (
-        "the features were never split into heads: this is single-head attention over all num_hiddens features",
-        dict(split=False, scale="model"),
-    ),
-    (
-        "softmax over the wrong axis: the weights must sum to 1 over the keys (dim=-1), not the queries",
-        dict(softmax_dim=-2),
-    ),
-]
-
-
-def _forward_cases():
-    """(net, queries, keys, values, valid_lens, description), seeded."""
-    g = torch.Generator().manual_seed(4)
-    cases = []
-    with torch.random.fork_rng(devices=[]):  # seeded without moving the learner's random stream
-        torch.manual_seed(40)
-        net = _NoForward(16, 4, bias=False).eval()
-        X = torch.randn(2, 5, 16, generator=g)
-        cases.append((net, X, X, X, None, "self-attention, num_hiddens=16, 4 heads, no valid_lens"))
-        cases.append((net, X, X, X, torch.tensor([2, 5]), "self-attention, num_hiddens=16, 4 heads, valid_lens=[2, 5]"))
-        net = _NoForward(12, 3, bias=True, query_size=6, key_size=10, value_size=7).eval()
-        q, k, v = (
-            torch.randn(2, 3, 6, generator=g),
-            torch.randn(2, 5, 10, generator=g),
-            torch.randn(2, 5, 7, generator=g),
-        )
-        cases.append(
-            (
-                net,
-                q,
-                k,
-                v,
-                torch.tensor([4, 1]),
-                "cross-attention with bias, 3 heads, query/key/value sizes 6/10/7, valid_lens=[4, 1]",
-            )
-        )
-    return cases
-
-
-@friendly
-def check_mha_forward(fn) -> None:
-    """``fn(net, queries, keys, values, valid_lens=None)`` -> (B, Q, num_hiddens), as ``net`` would give."""
-    cases = _forward_cases()
-    for net, q, k, v, valid_lens, case in cases:
-        before = {name: p.detach().clone() for name, p in net.state_dict().items()}
-        with torch.no_grad():
-            expected = MultiHeadAttention.forward(net, q, k, v, valid_lens)  # the package's reference
-            args = (net, q.clone(), k.clone(), v.clone())
-            with _no_package_attention():
-                actual = (
-                    call(fn, *args, case=case) if valid_lens is None else call(fn, *args, valid_lens.clone(), case=case)
-                )
-        for name, p in net.state_dict().items():
-            if not torch.equal(p, before[name]):
-                raise CheckFailed(f"{case}: your function changed net.{name}; it must only read the weights")
-        actual = expect_tensor(actual, case).detach().cpu()
-        expect_shape(actual, expected.shape, case)
-        if torch.allclose(actual, expected, atol=1e-5, rtol=1e-5):
-            continue
-        with torch.no_grad():
-            for message, flags in _MISTAKES:
-                if flags.get("lens") and valid_lens is None:
-                    continue
-                wrong = _variant(net, q, k, v, valid_lens, **flags)
-                if wrong.shape == actual.shape and torch.allclose(actual, wrong, atol=1e-5, rtol=1e-5):
-                    raise CheckFailed(f"{case}: {message}")
-        expect_close(actual, expected, case)
-    passed("check_mha_forward", len(cases))
 
 
 # ------------------------------------------------------------------ notebook 04a: predict a peak before measuring
