@@ -101,12 +101,13 @@ def accuracy_by_length(
     model, runs=TEST_RUNS, n: int = EVAL_EXAMPLES, seed: int = EVAL_SEED, start: int = 0
 ) -> dict[int, float]:
     """{run length: per-token accuracy on the repeated letters of ``n`` held-out runs of exactly that length},
-    with the tokens at positions ``start``, ``start + 1``, ... (the same runs whatever ``start`` is)."""
-    out = {}
+    with the tokens at positions ``start``, ``start + 1``, ... (the same runs whatever ``start`` is), on the
+    model's device."""
+    out, device = {}, next(model.parameters()).device
     for run in runs:
         task = LongInductionTask(run, run)
-        batch = task.collate(task.sample(n, seed + run, heldout=True))  # (n, 2 * run) tokens
-        positions = torch.arange(start, start + 2 * run)  # (T,)
+        batch = task.collate(task.sample(n, seed + run, heldout=True), device)  # (n, 2 * run) tokens
+        positions = torch.arange(start, start + 2 * run, device=device)  # (T,)
         logits = model(batch.tgt_in, positions=positions)  # (n, T, V)
         hits = logits.argmax(-1)[batch.loss_mask] == batch.tgt_out[batch.loss_mask]  # the positions that count
         out[run] = hits.sum().item() / hits.numel()  # a fraction of counted letters, exactly

@@ -95,3 +95,18 @@ def test_bad_arguments_are_refused():
         ls.train_model("rope", seed=-1)
     with pytest.raises(FileNotFoundError, match="python -m mha_tutorial.modern.length_study"):
         ls.load_model("rope", path="/nonexistent/length-rope.pt")
+
+
+def test_the_batches_and_positions_follow_the_models_device(models, monkeypatch):
+    """A model on a GPU gets its batches there (checked on the CPU by watching where they are sent)."""
+    sent = []
+    collate = ls.LongInductionTask.collate
+    monkeypatch.setattr(
+        ls.LongInductionTask,
+        "collate",
+        lambda self, rows, device=None: sent.append(device) or collate(self, rows, device),
+    )
+    model = models["rope"]
+    with torch.no_grad():
+        ls.accuracy_by_length(model, (3, 9), n=4)
+    assert sent == [next(model.parameters()).device] * 2
