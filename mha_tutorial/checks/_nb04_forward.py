@@ -186,6 +186,7 @@ def _forward_cases():
         text = "self-attention, num_hiddens=16, 4 heads, "
         cases.append((net, X, X, X, lens, causal, text + "valid_lens (2, 5) and a causal mask"))
         cases.append((net, X, X, X, None, causal, text + "a causal mask, valid_lens=None"))
+        cases.append((net, X, X, X, lens, None, text + "valid_lens (2, 5), mask=None"))
         net = _NoForward(12, 3, bias=True, query_size=6, key_size=10, value_size=7).eval()
         q = torch.randn(2, 3, 6, generator=g)  # (B, Q, query_size)
         k, v = torch.randn(2, 5, 10, generator=g), torch.randn(2, 5, 7, generator=g)  # (B, K, key/value_size)
@@ -237,6 +238,14 @@ def _diagnose_one(net, q, k, v, valid_lens, mask, actual, case):
     diagnose(output, expected, candidates, case + " (output)", atol=1e-5, rtol=1e-5)
 
 
+def _none_hint(valid_lens, mask) -> str:
+    """What to say when the learner's code crashes on a case where one argument is None."""
+    missing = [name for name, value in (("valid_lens", valid_lens), ("mask", mask)) if value is None]
+    if not missing:
+        return ""
+    return f" -- here {' and '.join(missing)} is None, which the exercise allows: None hides no key"
+
+
 @friendly
 def check_mha_forward(fn) -> None:
     """``fn(net, queries, keys, values, valid_lens=None, mask=None)`` -> (output (B, Q, num_hiddens), weights
@@ -246,8 +255,11 @@ def check_mha_forward(fn) -> None:
         before = {name: p.detach().clone() for name, p in net.state_dict().items()}
         with torch.no_grad():
             lens = None if valid_lens is None else valid_lens.clone()
+            keep = None if mask is None else mask.clone()
             with _no_package_attention():
-                actual = call(fn, net, q.clone(), k.clone(), v.clone(), lens, mask.clone(), case=case)
+                actual = call(
+                    fn, net, q.clone(), k.clone(), v.clone(), lens, keep, case=case, hint=_none_hint(lens, keep)
+                )
             for name, p in net.state_dict().items():
                 if not torch.equal(p, before[name]):
                     raise CheckFailed(f"{case}: your function changed net.{name}; it must only read the weights")

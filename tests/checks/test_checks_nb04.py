@@ -110,7 +110,34 @@ def test_every_named_forward_mistake_differs_from_the_right_answer():
 @pytest.mark.parametrize("right", [mha_loop, mha_vectorised])
 def test_mha_forward_accepts_right_answers(right, capsys):
     check_mha_forward(right)
-    assert "✓ check_mha_forward: passed on 3 cases" in capsys.readouterr().out
+    assert "✓ check_mha_forward: passed on 4 cases" in capsys.readouterr().out
+
+
+def mha_needs_a_mask(net, q, k, v, lens=None, mask=None):  # right whenever a mask is given; crashes on None
+    keep = mask[None, None] & True  # None[None, None]: TypeError
+    return mha_vectorised(net, q, k, v, lens, keep)
+
+
+def mha_needs_lengths(net, q, k, v, lens=None, mask=None):  # right whenever lengths are given; crashes on None
+    return mha_vectorised(net, q, k, v, lens.clone(), mask)  # None.clone(): AttributeError
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (mha_needs_a_mask, "mask=None: your function raised TypeError"),
+        (mha_needs_lengths, "valid_lens=None: your function raised AttributeError"),
+    ],
+)
+def test_mha_forward_tries_each_argument_as_none_and_says_so(wrong, words):
+    """The exercise says either argument may be None; a solution that crashes on None fails, naming the None."""
+    with torch.no_grad():  # each is right on a case that passes both arguments
+        net, q, k, v, lens, mask, _ = _forward_cases()[0]
+        assert torch.allclose(wrong(net, q, k, v, lens, mask)[0], mha_loop(net, q, k, v, lens, mask)[0], atol=1e-5)
+    with pytest.raises(CheckFailed) as info:
+        check_mha_forward(wrong)
+    assert words in str(info.value)
+    assert "is None, which the exercise allows: None hides no key" in str(info.value)
 
 
 def _wrong(**flags):
