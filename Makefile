@@ -1,7 +1,5 @@
 # Two commands for a newcomer: `make lab` (or `make run`) to use the series, `make test` to check it.
 # Everything is installed into .venv from requirements.txt; nothing outside it is touched.
-#: pip does not byte-compile every installed module (about 80 s of CPU for torch, transformers and
-# Jupyter); Python compiles only the modules a process imports, once, when it first imports them.
 
 PYTHON ?= python3
 VENV   := .venv
