@@ -6,7 +6,7 @@ package's cached attention is refused. Typical slips (the top-left ``tril()`` ma
 not appended, appending along the wrong axis) are named.
 
 Exercise 3: find the two bugs in a hand-written cached forward pass of a decoder (positions that restart at 0, a
-top-left mask). The reference is the model without a cache over the whole sequence; the package's cached
+top-left mask: the first T rows of the full causal mask, equal to ``tril()`` of (T, start + T)). The reference is the model without a cache over the whole sequence; the package's cached
 ``TransformerDecoder.forward`` is refused. Each bug, and forgetting to advance ``cache.length``, is named.
 
 Exercise 2: the bytes of an encoder-decoder's (or a decoder's) cache from its config, transferring notebook 11's
@@ -183,7 +183,7 @@ def _buggy_forward(model, new_tokens, cache, *, restart=False, top_left=False, f
     T, start = new_tokens.shape[1], cache.length
     positions = torch.arange(T) if restart else torch.arange(start, start + T)  # (T,)
     X = model.embedding(new_tokens, positions)  # (B, T, d)
-    mask = torch.ones(T, start + T, dtype=torch.bool).tril() if top_left else causal_mask(T, start + T)
+    mask = causal_mask(start + T)[:T] if top_left else causal_mask(T, start + T)  # [:T] = tril() of (T, start + T)
     for i, block in enumerate(model.dec_blocks):
         X = block(X, mask=mask, self_cache=cache[f"dec.{i}.self"])
     if not frozen:
@@ -230,8 +230,9 @@ def check_cached_forward(fn) -> None:
                  dict(restart=True, top_left=True)),
                 ("the new tokens' positions start at 0 in every call: they sit at positions cache.length, "
                  "cache.length + 1, ... (and cache.length must grow by T after each call)", dict(restart=True)),
-                ("the mask is aligned top-left: the new queries are the last T of the start + T positions "
-                 "(causal_mask(T, start + T))", dict(top_left=True)),
+                ("the mask is aligned top-left: the first T rows of the full causal mask (like tril() of "
+                 "(T, start + T)) belong to positions 0 ... T-1, but the new queries are the last T of the start + T "
+                 "positions, rows start ... start + T - 1 (causal_mask(T, start + T))", dict(top_left=True)),
                 ("cache.length is never advanced, so the next call's positions and mask start from 0 again",
                  dict(frozen=True)),
             ]

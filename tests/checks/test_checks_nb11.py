@@ -145,10 +145,12 @@ def test_unattempted_exercises_are_reported_or_fail_in_strict_mode(monkeypatch, 
     fails_with(checks.check_chunk_step, stub, "not attempted")
 
 
-def cached_forward_right(model, new_tokens, cache, *, restart=False, top_left=False):
+def cached_forward_right(model, new_tokens, cache, *, restart=False, top_left=False, first_rows=False):
     T, start = new_tokens.shape[1], cache.length
     X = model.embedding(new_tokens, torch.arange(T) if restart else torch.arange(start, start + T))
     mask = torch.ones(T, start + T, dtype=torch.bool).tril() if top_left else causal_mask(T, start + T)
+    if first_rows:  # the lesson's buggy line: the full causal mask's first T rows
+        mask = causal_mask(start + T)[:T]
     for i, block in enumerate(model.dec_blocks):
         X = block(X, mask=mask, self_cache=cache[f"dec.{i}.self"])
     cache.length += T
@@ -165,6 +167,7 @@ def test_cached_forward_right_answer_passes(capsys):
     [
         (dict(restart=True), "positions start at 0"),
         (dict(top_left=True), "aligned top-left"),
+        (dict(first_rows=True), "first T rows of the full causal mask"),
         (dict(restart=True, top_left=True), "both bugs"),
     ],
 )
