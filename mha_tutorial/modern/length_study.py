@@ -5,7 +5,8 @@ letter of the second copy is predicted from its earlier copy (``tasks.InductionT
 of ``TRAIN_RUNS`` letters -- sequences of at most 16 tokens -- and is scored on runs of every length from 3 to 24
 letters, so on sequences up to three times longer than any it was trained on. The models differ only in
 ``ModelConfig.position``; all are built with ``max_len = MAX_LEN`` so that each can read the long sequences (the
-learned table's rows past 15 are never trained: they keep their random initial values).
+learned table's rows past 15 are never trained: every training batch is padded to 16 tokens, so they get a zero
+gradient, and only AdamW's weight decay moves them, shrinking their random initial values slightly).
 
 Two ways to leave the training distribution are scored apart: longer runs starting at position 0 (the copy sits
 further back: unseen *offsets*, and unseen positions), and trained run lengths moved to later positions (``start``:
