@@ -10,12 +10,10 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb notebooks/[0-9][0-9]
 # The worked solutions: one companion per lesson with exercises (NN_solutions), linked from the lesson's last cell.
 SOLUTIONS := $(sort $(wildcard notebooks/solutions/*_solutions.ipynb))
 NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sanitize.cfg
-# Perturbed numerics for `make nbval`, each a code path `make outputs` does not take (it runs with the machine's kernels, 2 threads):
-# ATen's scalar kernels instead of its AVX2/AVX-512 ones, MKL's conditional-numerical-reproducibility branch for
-# AVX CPUs (no FMA: not the AVX2 or AVX-512 code MKL picks by itself; about twice as fast as its COMPATIBLE branch,
-# which CI's time budget cannot afford), and one thread. Each moves float32 rounding (sums of products land in other
-# orders).
-NUMERICS := ATEN_CPU_CAPABILITY=default MKL_CBWR=AVX OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# Perturbed numerics for `make nbval` (tools/numerics.py), code paths `make outputs` does not take (it runs with the
+# machine's own kernels, 2 threads): ATen's AVX2 kernels on an AVX-512 CPU (its scalar ones elsewhere), MKL's
+# conditional-numerical-reproducibility branch for AVX CPUs, one thread. Each moves float32 rounding.
+NUMERICS = $(shell $(PY) tools/numerics.py)
 
 .PHONY: install lab run site student nbgrader test lint unit unit-tools unit-rest nbval nbval-first nbval-last outputs clean
 
@@ -93,6 +91,7 @@ unit: install
 ## It runs on other numeric code paths than `make outputs` (NUMERICS), so that outputs written on one CPU are checked
 ## as another CPU computes them: every committed output must survive float32 rounding that moves.
 nbval: install
+	@test -n "$(NUMERICS)" || { echo "tools/numerics.py printed no settings: nbval would not perturb the numerics" >&2; exit 1; }
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(PY) tools/wheel_env.py "$$d/env" >/dev/null && \
 	mkdir "$$d/notebooks" && cp $(NOTEBOOKS) $(SOLUTIONS) notebooks/nbval_sanitize.cfg "$$d/notebooks/" && cd "$$d/notebooks" && \
 	JUPYTER_PATH="$$d/env/share/jupyter" $(NUMERICS) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NBVAL) *.ipynb
