@@ -231,7 +231,7 @@ def _ppl(log_probs, base=math.e, scale=1.0):
 
 
 def _perplexity_mistakes(logits, ids):
-    """(what is wrong, the number it gives) for the slips of exercise 3."""
+    """(what is wrong, the number it gives) for the slips of Exercise 1."""
     B, T = ids.shape
 
     def scored(pairs):  # (position, position of the token it is scored against), in every sequence
