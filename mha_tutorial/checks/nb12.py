@@ -9,8 +9,9 @@ float32 for float64 input, a wrong dtype) are named.
 Exercise 2: find the two bugs in a hand-written cached rotary attention step (the new queries rotated at 0..T-1,
 the cached keys rotated again at every step). The reference is the package's ``MultiHeadAttention(rope_base=...)``
 over the whole sequence with ``is_causal=True``, fed to the learner's step in chunks; the package's forward pass and
-its cache are refused. Each bug, the new keys appended unrotated, the values rotated, a top-left mask, and a cache
-returned with the wrong shape or unrotated keys are named.
+its cache are refused. The untouched buggy step is told only that both bugs remain (naming them would give the
+exercise away); once one is fixed, the other is named. The new keys appended unrotated, the values rotated, a
+top-left mask, and a cache returned with the wrong shape or unrotated keys are named.
 
 Exercise 3: move W_q and W_k of a layer trained with interleaved RoPE to the package's half layout, by permuting
 the rows of each head. The reference is attention with interleaved rotations over the original weights; a
@@ -161,8 +162,8 @@ def _step(mha, x_new, k_cache, v_cache, bugs=()):
 
 
 _STEP_MISTAKES = [
-    (("query_restart", "rerotate"), "both bugs of buggy_rotary_step are still there: the new queries are rotated at "
-     "0..T-1, and the cached keys are rotated again at every step"),
+    (("query_restart", "rerotate"), "both bugs of buggy_rotary_step are still there: the hint's two questions find "
+     "them; fix one, run this check again, and it names the other"),
     (("query_restart",), "the new queries are rotated at 0..T-1: after P cached positions they stand at P..P+T-1 "
      "(0..T-1 is right only for the first chunk, where P = 0)"),
     (("rerotate",), "the cached keys are rotated again at every step: they were stored already rotated at their own "

@@ -192,8 +192,23 @@ def test_rotary_step_mistakes_are_named(kwargs, fragment):
     fails_with(checks.check_rotary_step, lambda *a: step_vectorised(*a, **kwargs), fragment)
 
 
-def test_the_notebook_buggy_step_is_named():
-    fails_with(checks.check_rotary_step, the_notebook_buggy_step, "both bugs")
+def test_the_notebook_buggy_step_is_told_both_bugs_remain_without_naming_them():
+    message = fails_with(checks.check_rotary_step, the_notebook_buggy_step, "both bugs", "still there", "hint")
+    for answer in ("0..T-1", "rotated again", "P..P+T-1"):  # neither bug is given away
+        assert answer not in message, message
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(rotate_cache=True), "cached keys are rotated again"),  # the queries fixed: the keys' bug is named
+        (dict(q_at=lambda P, T: torch.arange(T)), "new queries are rotated at 0..T-1"),  # the keys fixed
+    ],
+    ids=["queries-fixed", "keys-fixed"],
+)
+def test_with_one_bug_fixed_the_other_is_named(kwargs, fragment):
+    message = fails_with(checks.check_rotary_step, lambda *a: step_vectorised(*a, **kwargs), fragment)
+    assert "both bugs" not in message, message
 
 
 def test_queries_at_0_pass_the_first_chunk_and_the_message_points_at_positions():
