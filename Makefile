@@ -70,9 +70,10 @@ unit-tools: install
 unit-rest: install
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests $(addprefix --ignore=,$(UNIT_TOOLS))
 
-# The two halves of `make nbval` for `make test`, of about equal running time: 01-06, 12-14 and every companion of
-# solutions (they are fast), then 07-11 (07 and 09 take the longest).
-LATE := $(filter notebooks/07% notebooks/08% notebooks/09% notebooks/10% notebooks/11%,$(NOTEBOOKS))
+# The two halves of `make nbval` for `make test`, of about equal running time (CPU seconds, one thread, measured
+# 2026-11-25): 01-04a, 05a, 12-14 and every companion of solutions (about 430 s; 14 alone about 150), then 05-11
+# (about 380 s; 09 about 145, 07 about 105).
+LATE := $(filter notebooks/05_% notebooks/06% notebooks/07% notebooks/08% notebooks/09% notebooks/10% notebooks/11%,$(NOTEBOOKS))
 nbval-first: install
 	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(filter-out $(LATE),$(NOTEBOOKS))"
 nbval-last: install
