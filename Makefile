@@ -70,9 +70,9 @@ unit-tools: install
 unit-rest: install
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests $(addprefix --ignore=,$(UNIT_TOOLS))
 
-# The two halves of `make nbval` for `make test`, of about equal running time (CPU seconds, one thread, measured
-# 2026-11-25): 01-04a, 05a, 12-14 and every companion of solutions (about 430 s; 14 alone about 150), then 05-11
-# (about 380 s; 09 about 145, 07 about 105).
+# The two halves of `make nbval` for `make test`, of about equal running time: 01-04a, 05a, 12-14 and every
+# companion of solutions, then 05-11 (one-thread CPU measured 2026-11-25: 14 151 s, 09 172 s before its spot checks
+# were cut, 07 103 s, 05 56 s; in CI the halves ended at 596 s and 601 s).
 LATE := $(filter notebooks/05_% notebooks/06% notebooks/07% notebooks/08% notebooks/09% notebooks/10% notebooks/11%,$(NOTEBOOKS))
 nbval-first: install
 	$(MAKE) --no-print-directory nbval NOTEBOOKS="$(filter-out $(LATE),$(NOTEBOOKS))"
