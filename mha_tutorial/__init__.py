@@ -102,4 +102,4 @@ __all__ = [
     "transpose_output",
     "transpose_qkv",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,18 +1,23 @@
 """Notebook hygiene: what strict nbval and readers on GitHub would trip on (pre-commit hook and a test).
 
     python tools/hygiene.py notebooks/*.ipynb           # prints problems, exits 1 if any
-    python tools/hygiene.py --strip notebooks/*.ipynb   # first drops per-cell timing metadata, joins split prints
+    python tools/hygiene.py --strip notebooks/*.ipynb   # first strips timing metadata (nbstripout), joins prints
 
 Checks: every code cell executed, execution counts 1, 2, 3, ... (a clean top-to-bottom run), no
 error outputs outside cells tagged ``raises-exception``, no warnings on stderr, no absolute paths
 or memory addresses in outputs, no per-cell timing metadata (it turns every re-run into a diff of
 timestamps), and a file size that GitHub renders comfortably.
+
+Stripping is nbstripout's (``--keep-output --keep-count --keep-id --extra-keys cell.metadata.execution``: the
+outputs, counts and cell ids stay, nbclient's per-cell timestamps go). What no tool does is here: the checks above,
+and joining the consecutive chunks of one stream, whose number depends on timing and would fail strict nbval.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,11 +77,14 @@ def _joined_streams(outputs: list[dict]) -> list[dict]:
     return joined
 
 
+NBSTRIPOUT = [sys.executable, "-m", "nbstripout", "--keep-output", "--keep-count", "--keep-id"]
+
+
 def strip_timing(path: Path) -> None:
-    """Remove nbclient's ``metadata.execution`` timestamps and join split streams, keeping the JSON layout."""
+    """Remove nbclient's ``metadata.execution`` timestamps (nbstripout) and join split streams."""
+    subprocess.run([*NBSTRIPOUT, "--extra-keys", "cell.metadata.execution", str(path)], check=True)
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
-        cell.get("metadata", {}).pop("execution", None)
         if "outputs" in cell:
             cell["outputs"] = _joined_streams(cell["outputs"])
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from ..core.kv_cache import KVCache, cache_bytes
+from ..data import DATA_DIR
 from ..device import describe_machine as machine
 from ..models.model import ModelConfig, build_model
 from ..models.train import load_pretrained
@@ -64,8 +65,7 @@ class Row:
     machine: str = ""  # where it ran, and the load average before and after
 
 
-# The run of docs/benchmarks/cpu-decode.md, shipped in the package's data.
-SHIPPED = Path(__file__).resolve().parents[1] / "data" / "cpu_decode.csv"
+SHIPPED = DATA_DIR / "cpu_decode.csv"  # the run of docs/benchmarks/cpu-decode.md, shipped in the package's data
 
 
 def read_rows(path: Path = SHIPPED) -> list[Row]:

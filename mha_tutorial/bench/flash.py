@@ -32,6 +32,7 @@ from torch.utils import benchmark
 
 from ..core.attention import scaled_dot_product_attention
 from ..core.masks import causal_mask
+from ..data import DATA_DIR
 from ..modern.flash import flash_attention
 from .attention import peak_bytes
 
@@ -209,7 +210,7 @@ def format_row(row: Row) -> str:
 
 
 # The H100 run of docs/benchmarks/h100-flash.md, shipped in the package's data.
-GPU_RUN = Path(__file__).resolve().parents[1] / "data" / "h100_flash.csv"
+GPU_RUN = DATA_DIR / "h100_flash.csv"
 
 
 def read_rows(path: Path = GPU_RUN) -> list[Row]:

@@ -1,7 +1,7 @@
 """Greedy decoding of SmolLM2-135M: our ``LlamaDecoder`` with its KV cache against transformers' ``generate``
 (notebook 14; issue 23's goal: ours >= 1.0x its tokens/s).
 
-    python -m mha_tutorial.bench smollm            # writes mha_tutorial/data/smollm_race.csv
+    python -m mha_tutorial.bench smollm            # writes data/smollm_race.csv
     python -m mha_tutorial.bench smollm --quick    # fewer tokens and rounds, into build/bench/smollm
 
 Both models hold the same float32 weights (``llama_hf.to_transformers`` copies ours), run on the same CPU with the

@@ -2,7 +2,7 @@
 
 Each check runs the learner's function on small seeded weight tensors whose
 answers are known, then on the weights of a trained model from
-``mha_tutorial/data/checkpoints/``, and compares with a reference. When the answer is wrong
+``data/checkpoints/``, and compares with a reference. When the answer is wrong
 it recomputes the statistic with each of a list of typical mistakes (``_nb06_mistakes``)
 and names the one that matches.
 """

@@ -12,15 +12,15 @@ import functools
 import itertools
 import math
 import numbers
-from pathlib import Path
 
 import torch
 
+from ..data import DATA_DIR
 from ._common import CheckFailed, call, diagnose, expect_tensor, friendly, passed, refusing
 
 __all__ = ["check_ablation_change", "check_sep_share", "check_accuracy_at_1"]
 
-PARAPHRASES = Path(__file__).resolve().parents[1] / "data" / "paraphrases.tsv"
+PARAPHRASES = DATA_DIR / "paraphrases.tsv"
 
 
 def _with_rng(make):

@@ -4,7 +4,7 @@ A task draws examples from a seed (``draw``, ``sample``), turns characters into 
 back (``encode``, ``decode``), collates examples into a ``Batch`` (``collate``,
 ``make_batch``), computes the shared loss and metric (``loss_and_accuracy``) and reads
 and writes its committed splits (``<task>_eval.tsv``, ``<task>_importance.tsv`` in
-``mha_tutorial/data/``). ``is_heldout`` decides which keys training never sees.
+``data/``). ``is_heldout`` decides which keys training never sees.
 The three tasks themselves, and ``get_task``, are in ``tasks``.
 """
 
@@ -13,20 +13,18 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass, fields
-from importlib import resources
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
+from ..data import DATA_DIR  # the shipped data (data/ in the repository), from any install
 from . import _validate_experiments as validate
 from . import _validate_training as validate_training
 from .model import ModelConfig
 
 __all__ = ["Batch", "Task", "is_heldout"]
 
-# Package data (pyproject.toml ships it in the wheel), so splits and checkpoints load from any install.
-DATA_DIR = Path(str(resources.files("mha_tutorial") / "data"))
 SPLIT_SEEDS = {"eval": 1000, "importance": 2000}  # seeds of the committed splits
 SPLIT_SIZE = 1000  # examples per committed split
 HOLDOUT_MODULUS = 10  # one key in HOLDOUT_MODULUS is held out of training

@@ -13,7 +13,7 @@
 
 Everything is generated from a seed; nothing is downloaded. An example is a
 tuple of strings -- exactly one line of the task's committed TSV files in
-``mha_tutorial/data/`` (``<task>_eval.tsv``, ``<task>_importance.tsv``). Every
+``data/`` (``<task>_eval.tsv``, ``<task>_importance.tsv``). Every
 task splits its examples by a hash of a key (the letters / the repeated run /
 the calendar day): one in ten keys is *held out*. Training draws only the other
 nine, the committed splits only held-out ones, so no evaluation example (and,
@@ -348,17 +348,15 @@ def get_task(name: str) -> Task:
 
 
 def load_split(name: str, split: str = "eval") -> list[tuple[str, ...]]:
-    """The committed examples of ``mha_tutorial/data/<name>_<split>.tsv`` (split: ``eval`` or ``importance``)."""
+    """The committed examples of ``data/<name>_<split>.tsv`` (split: ``eval`` or ``importance``)."""
     return get_task(name).load_split(split)
 
 
 def main(argv=None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="(Re)write the committed evaluation splits in mha_tutorial/data/.")
-    parser.add_argument(
-        "--write-splits", action="store_true", help="write mha_tutorial/data/<task>_<split>.tsv for every task"
-    )
+    parser = argparse.ArgumentParser(description="(Re)write the committed evaluation splits in data/.")
+    parser.add_argument("--write-splits", action="store_true", help="write data/<task>_<split>.tsv for every task")
     args = parser.parse_args(argv)
     if not args.write_splits:
         parser.error("nothing to do: pass --write-splits")

@@ -1,11 +1,11 @@
 """Train the tiny transformers of notebook 05, save and load their checkpoints.
 
-    python -m mha_tutorial.models.train --task reversal --out mha_tutorial/data/checkpoints/reversal.pt
+    python -m mha_tutorial.models.train --task reversal --out data/checkpoints/reversal.pt
 
 ``train`` is a plain seeded loop (AdamW, linear warmup then cosine decay,
 gradient clipping) on fresh batches drawn from the task's generator; it
-evaluates on the committed split ``mha_tutorial/data/<task>_eval.tsv``. ``load_pretrained``
-reads the committed checkpoints in ``mha_tutorial/data/checkpoints/`` with
+evaluates on the committed split ``data/<task>_eval.tsv``. ``load_pretrained``
+reads the committed checkpoints in ``data/checkpoints/`` with
 ``torch.load(..., weights_only=True)``: a checkpoint holds only tensors, dicts,
 lists, strings and numbers.
 """
@@ -224,7 +224,7 @@ def train(
 
 
 def train_command(task_name: str) -> str:
-    return f"python -m mha_tutorial.models.train --task {task_name} --out mha_tutorial/data/checkpoints/{task_name}.pt"
+    return f"python -m mha_tutorial.models.train --task {task_name} --out data/checkpoints/{task_name}.pt"
 
 
 def save_checkpoint(path, model: TinyTransformer, task_name: str, history: dict) -> Path:
@@ -280,14 +280,14 @@ def read_checkpoint(path) -> dict:
     if checkpoint["format"] != CHECKPOINT_FORMAT:
         raise ValueError(
             f"{path} has checkpoint format {checkpoint['format']!r}; this version of the package reads format "
-            f"{CHECKPOINT_FORMAT}: retrain it with python -m mha_tutorial.models.train (mha_tutorial/data/README.md has the commands)"
+            f"{CHECKPOINT_FORMAT}: retrain it with python -m mha_tutorial.models.train (data/README.md has the commands)"
         )
     validate_training.checkpoint_fields(checkpoint, path, TASKS)
     return checkpoint
 
 
 def load_pretrained(name: str, path=None, device=None) -> TinyTransformer:
-    """The committed model for task ``name`` from ``mha_tutorial/data/checkpoints/<name>.pt`` (in eval mode).
+    """The committed model for task ``name`` from ``data/checkpoints/<name>.pt`` (in eval mode).
 
     Raises ``CheckpointNotFoundError`` (a FileNotFoundError and a ValueError) when the file is missing
     (naming the command that creates it), ValueError when it is corrupt or malformed (see

@@ -18,7 +18,7 @@ measured there, so an order is never judged on the text that chose it). Each top
   (least important first) and in ``NUM_RANDOM`` random orders, for heads and for groups. It takes minutes on a
   2-core CPU, so its result ships as ``data/smollm_pruning.json`` and the notebook re-computes a few entries live:
 
-    python -m mha_tutorial.pretrained.smollm_study      # writes mha_tutorial/data/smollm_pruning.json
+    python -m mha_tutorial.pretrained.smollm_study      # writes data/smollm_pruning.json
 """
 
 from __future__ import annotations

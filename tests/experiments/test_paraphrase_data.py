@@ -1,4 +1,4 @@
-"""The hand-written paraphrase pairs (mha_tutorial/data/paraphrases.tsv): the file parses, every field is a
+"""The hand-written paraphrase pairs (data/paraphrases.tsv): the file parses, every field is a
 plain one-line sentence of 6 to 20 words, nothing is repeated, and every paraphrase really rewords its sentence."""
 
 import importlib.resources
@@ -17,7 +17,7 @@ def _words(text):
 
 @pytest.fixture(scope="module")
 def lines():
-    path = importlib.resources.files("mha_tutorial") / "data" / "paraphrases.tsv"
+    path = importlib.resources.files("mha_tutorial.data") / "paraphrases.tsv"
     text = path.read_text(encoding="utf-8")
     assert text.endswith("\n") and "\r" not in text
     return text[:-1].split("\n")

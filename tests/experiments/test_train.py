@@ -1,4 +1,4 @@
-"""Training, evaluation and the committed checkpoints (mha_tutorial/data/checkpoints/*.pt)."""
+"""Training, evaluation and the committed checkpoints (data/checkpoints/*.pt)."""
 
 import shutil
 import subprocess

@@ -7,7 +7,7 @@ The package is laid out in parts (subpackages): ``core`` (the attention module a
 
 Layers, bottom to top; a module may import its own layer and the ones below, never one above:
 
-0. tooling that knows nothing of attention (``device``, ``figures``);
+0. tooling that knows nothing of attention (``device``, ``figures``, ``data``: the shipped files' folder);
 1. the core attention: scores, masks, heads, multi-head attention, positions, caches, kernels, and their checks;
 2. the tiny models (``models.blocks``, ``models.model``) and their checks;
 3. the tasks and training, and their checks;
@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mha_tutorial"
+DATA = PACKAGE.parent / "data"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -36,6 +37,7 @@ MAX_FUNCTION_LINES = 60
 LAYERS = {
     "device": 0,
     "figures": 0,
+    "data": 0,  # data/ in the repository, mapped onto mha_tutorial.data: where the shipped files are
     # the subpackages' __init__ files (docstrings; bench re-exports its measuring tools)
     "core": 1,
     "modern": 1,
@@ -220,7 +222,9 @@ def upward_imports(graph: dict[str, dict[str, int]], layers: dict[str, int] = LA
 
 @pytest.fixture(scope="module")
 def sources() -> dict[str, str]:
-    return {module_name(p): p.read_text(encoding="utf-8") for p in sorted(PACKAGE.rglob("*.py"))}
+    found = {module_name(p): p.read_text(encoding="utf-8") for p in sorted(PACKAGE.rglob("*.py"))}
+    found["data"] = (DATA / "__init__.py").read_text(encoding="utf-8")  # pyproject maps data/ onto mha_tutorial.data
+    return found
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml  # PyYAML comes with jupyterlab (via jupyter-events)
 
@@ -114,8 +115,12 @@ def test_pyproject_packages_only_mha_tutorial():
     assert "mha_tutorial" in packages
     strays = [p for p in packages if p != "mha_tutorial" and not p.startswith("mha_tutorial.")]
     assert not strays, f"pyproject.toml packages more than mha_tutorial: {strays}"
+    # data/ at the top level is the package data mha_tutorial.data: mapped by package-dir, and only that one.
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-dir", {})
+    assert package_dir == {"mha_tutorial.data": "data"}, f"unexpected package-dir mapping: {package_dir}"
     for package in packages:
-        assert (ROOT / package.replace(".", "/") / "__init__.py").is_file(), f"{package} is listed but does not exist"
+        folder = package_dir.get(package, package.replace(".", "/"))
+        assert (ROOT / folder / "__init__.py").is_file(), f"{package} is listed but {folder}/__init__.py does not exist"
     # ... and all of them: an explicit list silently leaves out a sub-package nobody added to it.
     on_disk = {
         ".".join(init.parent.relative_to(ROOT).parts)
@@ -143,6 +148,53 @@ def test_installed_versions_are_the_pinned_ones():
         if installed.split("+")[0] != version:  # a local tag such as +cpu or +cu128 is fine
             wrong[name] = (version, installed)
     assert not wrong, f"installed versions differ from the pins (pinned, installed): {wrong}; run `make install`"
+
+
+TOOL_FILES = sorted((ROOT / "requirements").glob("*.txt"))
+
+
+def tool_pins() -> dict[str, str]:
+    """The tools' pins (requirements/*.txt: site, grading, dev), each package in one file only."""
+    pins = {}
+    for path in TOOL_FILES:
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if not line or line.startswith("-r "):
+                continue
+            match = PIN.match(line)
+            assert match, f"{path.name}: {line!r} is not pinned as name==version"
+            assert normalize(match[1]) not in pins, f"{match[1]} is pinned twice in requirements/"
+            pins[normalize(match[1])] = match[2]
+    return pins
+
+
+def test_the_tools_are_pinned_apart_from_what_a_learner_needs():
+    assert [p.name for p in TOOL_FILES] == ["dev.txt", "grading.txt", "site.txt"]
+    tools, learner = tool_pins(), pip_pins()
+    assert not set(tools) & set(learner), f"in requirements.txt and requirements/: {sorted(set(tools) & set(learner))}"
+    assert {"sphinx", "nbgrader", "pytest", "ruff", "selenium", "nbval"} <= set(tools)
+    assert not {"sphinx", "nbgrader", "pytest", "ruff", "selenium", "nbval"} & set(learner), (
+        "tools in the learner's set"
+    )
+    wrong = {name: (v, metadata.version(name)) for name, v in tools.items() if metadata.version(name) != v}
+    assert not wrong, f"installed tools differ from their pins (pinned, installed): {wrong}; run `make install-dev`"
+
+
+def test_the_learners_lab_shows_no_grading_ui_and_opens_the_notebooks_kernel():
+    # Where `make install-grading` put nbgrader, its JupyterLab menu and server extensions are switched off again.
+    from jupyter_core.paths import jupyter_config_path
+    from jupyter_server.extension.config import ExtensionConfigManager
+    from jupyterlab.commands import get_app_dir
+    from jupyterlab_server.config import get_page_config
+
+    server = ExtensionConfigManager(read_config_path=jupyter_config_path()).get_jpserver_extensions()
+    assert {name: on for name, on in server.items() if name.startswith("nbgrader") and on} == {}, server
+    page = get_page_config(jupyter_config_path(), get_app_dir(), None)
+    assert "@jupyter/nbgrader" in page.get("disabledExtensions", []), "nbgrader's JupyterLab menu is on"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "ipykernel install" not in makefile, "a second kernel: the notebooks name python3, the venv's own"
+    names = {nbformat.read(p, as_version=4).metadata.kernelspec.name for p in (ROOT / "notebooks").rglob("*.ipynb")}
+    assert names == {"python3"}, names
 
 
 def test_makefile_ci_and_readme():
