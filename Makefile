@@ -89,7 +89,7 @@ student: install
 
 ## Write an nbgrader course to build/nbgrader/: one assignment per notebook with exercises, its companion's solutions
 ## marked for generate_assignment, each check a locked test cell worth 1 point that runs strict (see docs/teaching.md).
-nbgrader: install-grading
+nbgrader: install-grading install-site  # the feedback pages carry the MathJax that sphinx-mathjax-offline ships
 	$(PY) tools/nbgrader_course.py --out build/nbgrader $(NOTEBOOKS)
 
 ## Lint, then the unit tests (student edition and site included) in two halves and strict nbval over every notebook

@@ -11,10 +11,15 @@ with the configuration in tools/site/conf.py:
   worked solutions (``notebooks/solutions/NN_solutions.ipynb``), which its last cell links to: a lesson's page
   shows no solution;
 - the landing page: the README's series section, with each notebook's time to run when the folder holds
-  the ``timings.json`` that tools/run_notebooks.py writes (and no such column when it does not);
+  the ``timings.json`` that tools/run_notebooks.py writes (and no such column when it does not), then the
+  README's Quick start section;
 - the teaching guide (docs/teaching.md) and an API reference that autodoc generates from the docstrings.
 
-Every script, style sheet, font and MathJax file a page uses is copied into the site, so it works offline.
+Every script, style sheet and font a page uses is copied into the site, so it works offline; of MathJax only
+what the pages load (tools/site/offline_assets.py). Each notebook's page offers its .ipynb for download and, when
+``[project.urls] Repository`` in pyproject.toml is set, a repository link and Binder / Colab launch buttons
+(tools/site/header_links.py; ``--repository-url`` overrides the address for one build, ``--repository-url ''``
+builds without one).
 """
 
 from __future__ import annotations
@@ -89,11 +94,17 @@ def read_timings(folder: Path) -> dict[str, float]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def series_section(readme: str) -> str:
-    """The README from its title to the end of the "## The series" section."""
-    start = readme.index("## The series")
-    end = readme.find("\n## ", start + 1)
-    return readme if end < 0 else readme[:end].rstrip() + "\n"
+def readme_section(readme: str, heading: str, *, from_title: bool = False) -> str:
+    """The README's ``## heading`` section (from the README's title on when ``from_title``), up to the next one."""
+    start = readme.index(f"\n## {heading}\n") + 1
+    end = readme.find("\n## ", start)
+    return readme[0 if from_title else start : end if end >= 0 else len(readme)].rstrip() + "\n"
+
+
+def badges_as_links(markdown: str) -> str:
+    """Badges (images on another host, e.g. "Open in Colab") become text links: the site loads nothing from afar."""
+    linked = re.sub(r"\[!\[([^\]]*)\]\((?:https?:)?//[^)\s]+\)\]\(([^)\s]+)\)", r"[\1](\2)", markdown)
+    return re.sub(r"!\[([^\]]*)\]\((?:https?:)?//[^)\s]+\)", r"\1", linked)
 
 
 def with_timings(markdown: str, timings: dict[str, float]) -> str:
@@ -134,8 +145,10 @@ def toctree(caption: str, entries: list[str]) -> str:
 
 
 def index_page(source: Path, names: list[str], timings: dict[str, float]) -> None:
-    """The landing page: the README's series section, and the side navigation of the whole site."""
-    page = with_timings(series_section((ROOT / "README.md").read_text(encoding="utf-8")), timings)
+    """The landing page: the README's series section and its Quick start, and the side navigation of the site."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = with_timings(readme_section(readme, "The series", from_title=True), timings)
+    page = badges_as_links(page + "\n" + readme_section(readme, "Quick start"))
     page += "\nReference: the [teaching guide](docs/teaching.md) and the [`mha_tutorial` API](api.rst).\n\n"
     page += toctree("The series", [f"notebooks/{Path(name).with_suffix('').as_posix()}" for name in names])
     page += "\n" + toctree("Reference", ["docs/teaching", "api"])
@@ -171,18 +184,29 @@ def assemble(notebook_dir: Path, source: Path) -> list[str]:
     return names
 
 
-def build(notebook_dir: Path, out: Path, work: Path) -> float:
+def sphinx_command(source: Path, html: Path, doctrees: Path, repository_url: str | None = None) -> list[str]:
+    """The command that builds ``source`` into ``html`` with tools/site/conf.py.
+
+    ``repository_url`` replaces pyproject's ``[project.urls] Repository`` for this build ("" builds without one);
+    None keeps pyproject's.
+    """
+    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E", "-c", str(CONF_DIR)]
+    if repository_url is not None:
+        command += ["-D", f"mha_repository_url={repository_url}"]
+    return [*command, "-d", str(doctrees), str(source), str(html)]
+
+
+def build(notebook_dir: Path, out: Path, work: Path, repository_url: str | None = None) -> float:
     """Assemble the source tree in ``work``, build the site there and move it to ``out``; return the seconds.
 
     Sphinx works in ``work`` (source/, doctrees/, html/, and myst-nb's jupyter_execute/ beside html/), so
-    that nothing but the finished site lands in ``out``'s folder.
+    that nothing but the finished site lands in ``out``'s folder. ``repository_url``: see sphinx_command.
     """
     start = time.perf_counter()
     source, html = work / "source", work / "html"
     assemble(notebook_dir, source)
     shutil.rmtree(html, ignore_errors=True)
-    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E", "-c", str(CONF_DIR)]
-    command += ["-d", str(work / "doctrees"), str(source), str(html)]
+    command = sphinx_command(source, html, work / "doctrees", repository_url)
     subprocess.run(command, check=True, cwd=ROOT)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -195,8 +219,9 @@ def main(argv=None) -> int:
     parser.add_argument("--notebooks", type=Path, default=ROOT / "notebooks", help="default: the committed ones")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "site-work", help="Sphinx's source tree")
+    parser.add_argument("--repository-url", help="instead of pyproject's [project.urls] Repository ('' for none)")
     args = parser.parse_args(argv)
-    seconds = build(args.notebooks, args.out, args.work)
+    seconds = build(args.notebooks, args.out, args.work, args.repository_url)
     print(f"site built in {seconds:.1f} s: {args.out / 'index.html'}")
     return 0
 

@@ -1,11 +1,24 @@
 """Write an nbgrader course from the series (``make nbgrader``): one assignment per notebook with exercises.
 
-    python tools/nbgrader_course.py --out build/nbgrader notebooks/*.ipynb
+    python tools/nbgrader_course.py --out build/nbgrader [--exchange DIR] notebooks/*.ipynb
 
-writes ``build/nbgrader/nbgrader_config.py`` and ``build/nbgrader/source/<stem>/<stem>.ipynb`` for every notebook
-that has exercises (a notebook without any is skipped). Each source notebook is the student
-edition of ``tools/student.py`` (the lesson, outputs cleared) with two changes, the worked solutions coming from the
-lesson's companion notebook ``notebooks/solutions/NN_solutions.ipynb`` (tools/series.py ``companion``):
+writes into the course folder ``--out``:
+
+* ``nbgrader_config.py``, the teacher's configuration: the course id, the exchange (``--exchange``, by default
+  ``exchange/`` in the course folder, created world-writable as nbgrader itself would), and feedback pages that
+  typeset their formulas offline;
+* ``students/nbgrader_config.py``, the students' configuration: the course id and the same exchange, for
+  ``nbgrader fetch_assignment``, ``submit`` and ``fetch_feedback``;
+* ``templates/feedback/mathjax.html.j2``: nbgrader's feedback template calls nbconvert's ``mathjax()`` macro, which
+  loads MathJax 2 from a CDN whatever ``HTMLExporter.mathjax_url`` says; this macro of the same name, found first,
+  carries MathJax 3 (``tex-svg-full.js`` of the sphinx-mathjax-offline package: SVG output, so no font files) in the
+  page as a data: URL. A feedback page is a single file (release_feedback hands out nothing else), so it must carry
+  its MathJax to show formulas offline wherever a student opens it;
+* ``source/<stem>/<stem>.ipynb`` for every notebook that has exercises (a notebook without any is skipped).
+
+Each source notebook is the student edition of ``tools/student.py`` (the lesson, outputs cleared) with two changes,
+the worked solutions coming from the lesson's companion notebook ``notebooks/solutions/NN_solutions.ipynb``
+(tools/series.py ``companion``):
 
 * each learner's stub becomes an nbgrader answer cell: the stub as it is, with the body of the matching worked
   solution inserted between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` right after the signature and
@@ -26,11 +39,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import io
+import json
+import os
 import sys
 import textwrap
 import tokenize
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 try:
@@ -47,17 +64,52 @@ CODE_STUB = "# YOUR CODE HERE"  # what generate_assignment puts in place of a so
 STRICT = "MHA_TUTORIAL_STRICT_CHECKS"
 STRICT_PREFIX = f'import os\n\nos.environ["{STRICT}"] = "1"  # graded: an exercise not attempted fails its check\n'
 
-CONFIG = f'''"""nbgrader configuration of the course written by tools/nbgrader_course.py (make nbgrader)."""
+CONFIG = '''"""nbgrader configuration of the course written by tools/nbgrader_course.py (make nbgrader)."""
+
+from pathlib import Path
+
+import nbgrader
 
 c = get_config()  # noqa: F821 -- nbgrader defines get_config() when it loads this file
 
-c.CourseDirectory.course_id = "{COURSE_ID}"
+c.CourseDirectory.course_id = "{course_id}"
+# The exchange: release_assignment puts the assignments there, the students' fetch_assignment takes them and their
+# submit hands their work in there, collect takes it back. Every student must be able to write to it; the students'
+# configuration (students/nbgrader_config.py) names the same folder.
+c.Exchange.root = {exchange}
 # Every answer cell keeps its stub's own `raise NotImplementedError("Exercise N: not written yet")` after the
 # solution region, so the region is replaced by a comment only.
-c.ClearSolutions.code_stub = {{"python": "{CODE_STUB}"}}
+c.ClearSolutions.code_stub = {{"python": "{code_stub}"}}
 # Seconds per cell when autograding (nbgrader's default is 30): room to spare on a busy grading machine.
 c.Execute.timeout = 300
+# Feedback pages that typeset their formulas offline: templates/feedback/mathjax.html.j2 beside this file is found
+# before nbconvert's macro of the same name (which loads MathJax from a CDN); nbgrader's own feedback template after it.
+c.HTMLExporter.extra_template_basedirs = [
+    str(Path(__file__).resolve().parent / "templates"),
+    str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates"),
+]
 '''
+
+STUDENT_CONFIG = '''"""nbgrader configuration for the students of the course (tools/nbgrader_course.py): put it in the folder where
+you run nbgrader fetch_assignment, submit and fetch_feedback, or in ~/.jupyter/."""
+
+c = get_config()  # noqa: F821 -- nbgrader defines get_config() when it loads this file
+
+c.CourseDirectory.course_id = "{course_id}"
+c.Exchange.root = {exchange}
+'''
+
+MATHJAX_FILE = "sphinx-mathjax-offline/static/mathjax/tex-svg-full.js"  # MathJax 3, Apache-2.0
+# MathJax 3 reads its configuration from window.MathJax when it starts: $...$ (as the notebooks write) and \(...\).
+MATHJAX_MACRO = """{{#- Written by tools/nbgrader_course.py. Found before nbconvert's macro of the same name, which loads MathJax
+    from a CDN: MathJax 3 ({source}, Apache-2.0) is carried in the page itself, so it typesets offline. -#}}
+{{%- macro mathjax(url=None) -%}}
+<script>
+window.MathJax = {{tex: {{inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true}}}};
+</script>
+<script src="data:text/javascript;base64,{code}"></script>
+{{%- endmacro %}}
+"""
 
 
 @dataclass
@@ -191,12 +243,50 @@ def assignment(nb, solved):
     return source, len(pairs)
 
 
-def write_course(out: Path, paths: list[Path]) -> list[Path]:
-    """Write the course configuration and one source assignment per notebook with exercises; returns those."""
+def mathjax_macro() -> str:
+    """templates/feedback/mathjax.html.j2: the macro that carries MathJax 3 in every feedback page."""
+    try:
+        source = Path(metadata.distribution("sphinx-mathjax-offline").locate_file(MATHJAX_FILE))
+    except metadata.PackageNotFoundError:
+        raise SystemExit(
+            "the feedback pages' MathJax comes from the package sphinx-mathjax-offline: install it (make install-grading)"
+        ) from None
+    code = base64.b64encode(source.read_bytes()).decode("ascii")
+    return MATHJAX_MACRO.format(source=f"{MATHJAX_FILE.split('/')[-1]} of sphinx-mathjax-offline", code=code)
+
+
+def make_exchange(exchange: Path) -> None:
+    """The exchange folder, writable by every student, as nbgrader's release_assignment would create it."""
+    if exchange.is_dir():
+        return
+    try:
+        exchange.mkdir(parents=True)
+        exchange.chmod(0o777)
+    except PermissionError:
+        raise SystemExit(
+            f"cannot create the exchange {exchange}: ask an administrator to create it writable by every student "
+            f"(mkdir -p {exchange} && chmod 777 {exchange}), then run this again"
+        ) from None
+
+
+def write_config(out: Path, exchange: Path) -> None:
+    """The teacher's and the students' nbgrader_config.py, the feedback pages' MathJax, and the exchange."""
+    make_exchange(exchange)
+    names = {"course_id": COURSE_ID, "exchange": json.dumps(str(exchange))}
+    (out / "nbgrader_config.py").write_text(CONFIG.format(code_stub=CODE_STUB, **names))
+    (out / "students").mkdir(exist_ok=True)
+    (out / "students" / "nbgrader_config.py").write_text(STUDENT_CONFIG.format(**names))
+    (out / "templates" / "feedback").mkdir(parents=True, exist_ok=True)
+    (out / "templates" / "feedback" / "mathjax.html.j2").write_text(mathjax_macro())
+
+
+def write_course(out: Path, paths: list[Path], exchange: Path | None = None) -> list[Path]:
+    """Write the course configuration and one source assignment per notebook with exercises; returns those.
+    The exchange is ``exchange/`` in the course folder unless given."""
     import nbformat
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "nbgrader_config.py").write_text(CONFIG)
+    write_config(out, Path(os.path.abspath(exchange or out / "exchange")))
     written = []
     for path in paths:
         solutions = companion(path)
@@ -218,8 +308,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("build/nbgrader"))
+    parser.add_argument("--exchange", type=Path, help="the exchange folder (default: exchange/ in the course folder)")
     args = parser.parse_args(argv)
-    write_course(args.out, args.notebooks)
+    write_course(args.out, args.notebooks, args.exchange)
     return 0
 
 

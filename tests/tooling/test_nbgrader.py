@@ -1,142 +1,114 @@
-"""The nbgrader course (make nbgrader): its transformation, and the course run through nbgrader as a class would.
+"""The nbgrader course (make nbgrader): its transformation, and one assignment taken through nbgrader as a class would.
 
-One fixture writes the course for notebook 03 (the fastest notebook with exercises), releases it with
-``nbgrader generate_assignment``, autogrades four submissions and writes their feedback:
-
-* ``untouched``: the released notebook as handed out; it must score 0 (strict checks);
-* ``correct``: every stub replaced by the worked solution of the companion notebook; full marks;
-* ``mistake``: the same, but exercise 1 folds the rows head-major, a classic; the other two points, and the
-  check's diagnosis in the feedback;
-* ``tampered``: untouched stubs, the strict switch deleted from every test cell and switched off again in an
-  answer cell; nbgrader restores the locked test cells, which switch strict mode back on, so still 0.
-
-The strict switch is not set in nbgrader's environment: the test cells must set it themselves.
+One fixture takes notebook 03 through the whole round trip of docs/teaching.md with three students on one account
+(tests/tooling/nbgrader_class.py says who does what): release, fetch, submit, collect, autograde, feedback fetched
+by the students, ``nbgrader export``. The tests read the scores from the exported grades.csv, the feedback from the
+students' copies, and every command's output, where no SQLAlchemy warning may reach the teacher. The feedback
+pages must typeset their formulas in headless Chromium (tests/tooling/sitekit.py) and request nothing from the network.
 """
 
 from __future__ import annotations
 
-import ast
-import copy
-import os
-import subprocess
-import sys
+import json
+import re
+import urllib.parse
 from pathlib import Path
-from types import SimpleNamespace
 
 import nbformat
 import pytest
-from nbgrader.api import Gradebook
 
+from tests.tooling.nbgrader_class import ASSIGNMENT, STUDENTS, name_of, take_the_class
+from tests.tooling.sitekit import RAW_TEX, chromium, requested_urls
 from tools.nbgrader_course import (
     BEGIN,
     CODE_STUB,
     COURSE_ID,
     END,
-    STRICT,
     STRICT_PREFIX,
     assignment,
     main,
     pair_exercises,
     write_course,
 )
-from tools.series import companion
 from tools.student import has_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 SERIES = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))  # core notebooks and deep dives
-NOTEBOOK = ROOT / "notebooks" / "03_splitting_heads.ipynb"
-ASSIGNMENT = NOTEBOOK.stem
-MISTAKE = "folded head-major (row h*B + b)"
-WRONG_SEQ_FIRST = """def my_transpose_qkv_seq_first(X, num_heads):
-    T, B, D = X.shape  # permutes to (H, B, T, d): the rows come out head-major
-    return X.reshape(T, B, num_heads, D // num_heads).permute(2, 1, 0, 3).reshape(B * num_heads, T, D // num_heads)
+MISTAKE = "folded head-major (row h*B + b)"  # what the check says of carol's exercise 1
+SQLALCHEMY_WARNINGS = re.compile(r"SAWarning|SADeprecationWarning|RemovedIn20Warning|MovedIn20Warning")
+# Resolves when MathJax has typeset the page: the number of formulas typeset, and the prose left with TeX in it.
+TYPESET_JS = """
+const done = arguments[arguments.length - 1];
+if (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) return done({error: 'MathJax did not start'});
+MathJax.startup.promise.then(() => {
+  const prose = Array.from(document.querySelectorAll('.text_cell_render')).map(cell => {
+    const copy = cell.cloneNode(true);
+    copy.querySelectorAll('pre, code, mjx-container').forEach(e => e.remove());
+    return copy.textContent;
+  });
+  done({typeset: document.querySelectorAll('.text_cell_render mjx-container').length, prose: prose});
+}, e => done({error: String(e)}));
 """
-SWITCH_OFF = f'\nimport os\n\nos.environ["{STRICT}"] = "0"\n'
-
-
-def name_of(cell) -> str:
-    return ast.parse(cell.source).body[0].name
-
-
-def run_nbgrader(course: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != STRICT}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # nbgrader runs `alembic`
-    env["JUPYTER_CONFIG_DIR"] = str(course / ".jupyter")  # no personal Jupyter or nbgrader configuration
-    env["OMP_NUM_THREADS"] = "1"  # tiny models: one thread each is fastest, as in make test
-    result = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-
-
-def submission(released, answers: dict[str, str], tamper: bool = False):
-    nb = copy.deepcopy(released)
-    for cell in nb.cells:
-        nbg = cell.metadata.get("nbgrader", {})
-        if nbg.get("solution") and name_of(cell) in answers:
-            cell.source = answers[name_of(cell)]
-        elif tamper and nbg.get("solution"):
-            cell.source += SWITCH_OFF
-        elif tamper and nbg.get("grade"):
-            cell.source = cell.source.replace(STRICT_PREFIX, "")
-    return nb
 
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    root = tmp_path_factory.mktemp("course")
-    write_course(root, [NOTEBOOK])
-    run_nbgrader(root, "generate_assignment", ASSIGNMENT)
-    released = nbformat.read(root / "release" / ASSIGNMENT / NOTEBOOK.name, as_version=4)
-    full = nbformat.read(NOTEBOOK, as_version=4)
-    solved = nbformat.read(companion(NOTEBOOK), as_version=4)
-    solutions = {name_of(c): c.source for c in solved.cells if has_tag(c, "solution")}
-    students = {
-        "untouched": submission(released, {}),
-        "correct": submission(released, solutions),
-        "mistake": submission(released, {**solutions, "my_transpose_qkv_seq_first": WRONG_SEQ_FIRST}),
-        "tampered": submission(released, {}, tamper=True),
-    }
-    for student, nb in students.items():
-        folder = root / "submitted" / student / ASSIGNMENT
-        folder.mkdir(parents=True)
-        nbformat.write(nb, folder / NOTEBOOK.name)
-    run_nbgrader(root, "autograde", ASSIGNMENT)
-    run_nbgrader(root, "generate_feedback", ASSIGNMENT)
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id=COURSE_ID) as gb:
-        scores = {
-            s: (gb.find_submission(ASSIGNMENT, s).score, gb.find_submission(ASSIGNMENT, s).max_score) for s in students
-        }
-        grades = {
-            s: {g.name: g.score for g in gb.find_submission_notebook(ASSIGNMENT, ASSIGNMENT, s).grades}
-            for s in students
-        }
-    feedback = {s: (root / "feedback" / s / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text() for s in students}
-    return SimpleNamespace(released=released, full=full, solved=solved, scores=scores, grades=grades, feedback=feedback)
+    return take_the_class(tmp_path_factory.mktemp("class"))
 
 
-def test_an_untouched_notebook_scores_zero(course):
-    assert course.scores["untouched"] == (0, 3)
-    assert "not attempted (Exercise 1: not written yet)" in course.feedback["untouched"]
+def score(course, student) -> tuple[float, float]:
+    return float(course.grades[student]["score"]), float(course.grades[student]["max_score"])
+
+
+def test_each_student_is_filed_under_the_id_given_to_nbgrader(course):
+    assert sorted(course.grades) == sorted(STUDENTS)
+    assert all(f"Collecting submission: {s} {ASSIGNMENT}" in course.output for s in STUDENTS)
+    assert sorted(p.name for p in (course.root / "submitted").iterdir()) == sorted(STUDENTS)
+
+
+def test_a_notebook_without_answers_scores_zero_even_with_the_strict_switch_taken_out(course):
+    assert score(course, "alice") == (0, 3)
+    assert "not attempted (Exercise 1: not written yet)" in course.feedback["alice"].read_text()
 
 
 def test_the_worked_solutions_score_full_marks(course):
-    assert course.scores["correct"] == (3, 3)
+    assert score(course, "bob") == (3, 3)
 
 
 def test_one_mistake_costs_its_point_and_the_feedback_names_it(course):
-    assert course.scores["mistake"] == (2, 3)
-    assert course.grades["mistake"] == {
-        "ex1_my_transpose_qkv_seq_first_check": 0,
-        "ex2_my_expand_kv_heads_check": 1,
-        "ex3_my_transpose_output_check": 1,
-    }
-    assert MISTAKE in course.feedback["mistake"]
-    assert MISTAKE not in course.feedback["correct"]
+    assert score(course, "carol") == (2, 3)
+    feedback = course.feedback["carol"].read_text()
+    assert MISTAKE in feedback and "my_transpose_qkv_seq_first" in feedback
+    assert MISTAKE not in course.feedback["bob"].read_text()
 
 
-def test_editing_the_locked_test_cells_does_not_switch_strict_mode_off(course):
-    assert course.scores["tampered"] == (0, 3)
+def test_no_sqlalchemy_warning_reaches_the_teacher(course):
+    assert "$ cd" in course.output and "nbgrader export" in course.output  # the output of every step is there
+    warnings = [line for line in course.output.splitlines() if SQLALCHEMY_WARNINGS.search(line)]
+    assert warnings == []
+
+
+def test_the_feedback_loads_nothing_from_the_network(course):
+    page = course.feedback["carol"].read_text()
+    loads = re.findall(r"<(?:script|link|img)\b[^>]*?(?:src|href)=\"([^\"]+)\"", page)
+    assert loads and not [url for url in loads if re.match(r"(https?:)?//", url)]
+    assert "cdnjs" not in page and "data:text/javascript;base64," in page
+
+
+def test_the_feedback_typesets_its_formulas_offline(course):
+    browser = chromium(course.profile)
+    try:
+        browser.get(course.feedback["carol"].as_uri())  # the student's copy, opened as a file
+        result = browser.execute_async_script(TYPESET_JS)
+        requests, log = requested_urls(browser), browser.get_log("browser")
+    finally:
+        browser.quit()
+    assert "error" not in result, result
+    assert result["typeset"] >= 20, result["typeset"]  # notebook 03's prose has about a hundred formulas
+    raw = [m.group() for text in result["prose"] for m in RAW_TEX.finditer(text)]
+    assert raw == [], raw[:5]
+    network = [url for url in requests if urllib.parse.urlsplit(url).scheme in {"http", "https", "ws", "wss", "ftp"}]
+    assert network == [] and [e for e in log if e["level"] == "SEVERE"] == [], (network, log)
 
 
 def test_the_released_notebook_keeps_the_stubs_and_holds_no_solution(course):
@@ -299,6 +271,9 @@ def test_the_course_has_an_assignment_for_every_notebook_with_exercises(tmp_path
     assert main(["--out", str(tmp_path), *map(str, SERIES)]) == 0
     config = (tmp_path / "nbgrader_config.py").read_text()
     assert f'course_id = "{COURSE_ID}"' in config and f'code_stub = {{"python": "{CODE_STUB}"}}' in config
+    exchange = f"c.Exchange.root = {json.dumps(str(tmp_path / 'exchange'))}"
+    assert exchange in config and exchange in (tmp_path / "students" / "nbgrader_config.py").read_text()
+    assert (tmp_path / "exchange").stat().st_mode & 0o777 == 0o777  # every student hands work in there
 
     def has_exercises(path):
         return any(has_tag(c, "exercise") for c in nbformat.read(path, as_version=4).cells)
@@ -315,3 +290,11 @@ def test_the_course_has_an_assignment_for_every_notebook_with_exercises(tmp_path
         stubs = [c.source for c in nbformat.read(path, as_version=4).cells if has_tag(c, "exercise")]
         assert [without_region(a) for a in answers] == stubs  # signature, docstring and comments all kept
         compile("\n".join(answers), str(path), "exec")
+
+
+def test_the_exchange_may_be_any_folder(tmp_path):
+    exchange = tmp_path / "shared" / "exchange"
+    write_course(tmp_path / "course", [], exchange)
+    for config in (tmp_path / "course" / "nbgrader_config.py", tmp_path / "course" / "students" / "nbgrader_config.py"):
+        assert f"c.Exchange.root = {json.dumps(str(exchange))}" in config.read_text()
+    assert exchange.is_dir() and not (tmp_path / "course" / "exchange").exists()

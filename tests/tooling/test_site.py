@@ -1,34 +1,50 @@
 """The Sphinx site (make run, make site) builds in under a minute and works offline in a real browser.
 
-The site is built once per module from the notebooks' committed outputs (strict nbval checks elsewhere
-that those outputs are what the code produces), served from localhost and opened in Debian's Chromium
-through Selenium and chromedriver. Each page is visited once: its console errors, every network request
-it makes (from Chrome's performance log), its math, figures and links are recorded, and the tests below
-judge them. One screenshot per page is kept under build/screenshots/. Without Chromium the browser tests
-are skipped, except in CI (the environment variable CI set), where .ci/run installs it: there they fail.
+The site is built once per module from the notebooks' committed outputs (checked by strict nbval elsewhere), with no
+repository address, served from localhost and opened in Debian's Chromium (tests/tooling/sitekit.py). Each page is
+visited once: its console errors, every request it makes, its math, figures and links are recorded, and the tests
+below judge them (screenshots: build/screenshots/, and of the parts a reader uses, build/site-shots/). The launch
+buttons and repository link, which need an address, are checked on a one-notebook site built in a few seconds.
+Without Chromium the browser tests are skipped, except in CI (CI set), where .ci/run installs it: there they fail.
 """
 
 from __future__ import annotations
 
 import functools
 import html as html_module
-import http.server
 import json
-import os
 import re
-import shutil
-import threading
+import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
-from tools.build_site import build, pages, read_timings, unlink_missing, with_timings
+from tests.tooling.sitekit import (
+    IMAGES_JS,
+    NAV_LINKS_JS,
+    OVERLAP_JS,
+    PROSE_JS,
+    RAW_TEX,
+    ROOT,
+    SCROLL_JS,
+    SHOTS,
+    WIDEST_JS,
+    addresses_shown,
+    assert_excerpts,
+    chromium,
+    has_math,
+    mathjax_shipped,
+    open_page,
+    save_shot,
+    search,
+    serve,
+    small_site,
+)
+from tools.build_site import badges_as_links, build, pages, read_timings, readme_section, unlink_missing, with_timings
 from tools.series import companion, series_notebooks
+from tools.site.header_links import header_buttons
+from tools.site.tex_text import tex_to_text
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 LESSON_PAGES = [f"notebooks/{p.stem}.html" for p in series_notebooks()]
 # Every lesson, each followed by its companion of worked solutions where it has one.
 NOTEBOOK_PAGES = [
@@ -36,123 +52,28 @@ NOTEBOOK_PAGES = [
 ]
 COMPANION_PAGES = [page for page in NOTEBOOK_PAGES if page not in LESSON_PAGES]
 PAGES = ["index.html", *NOTEBOOK_PAGES, "docs/teaching.html", "api.html", "genindex.html", "search.html"]
-SHOTS = ROOT / "build" / "screenshots"
-
-# Every <img> of the page's article: its natural size and how many distinct colours a sample of its pixels has.
-IMAGES_JS = """
-return Array.from(document.querySelectorAll('article img')).map(img => {
-  const c = document.createElement('canvas');
-  c.width = img.naturalWidth; c.height = img.naturalHeight;
-  let distinct = 0;
-  if (c.width && c.height) {
-    const ctx = c.getContext('2d');
-    ctx.drawImage(img, 0, 0);
-    const d = ctx.getImageData(0, 0, c.width, c.height).data, seen = new Set();
-    for (let i = 0; i < d.length && seen.size < 8; i += 4 * 97) seen.add(d.slice(i, i + 4).join());
-    distinct = seen.size;
-  }
-  return {src: img.getAttribute('src'), width: img.naturalWidth, height: img.naturalHeight, distinct: distinct};
-});
-"""
-# Resolves once every image has loaded (or failed) and MathJax, where the page loads it, has typeset everything.
-SETTLED_JS = """
-const done = arguments[arguments.length - 1];
-const images = Array.from(document.images).map(img => img.decode().catch(() => null));
-const math = () => new Promise(resolve => {
-  let tries = 100;
-  const wait = () => {
-    if (!document.querySelector('script[src*="mathjax"]')) return resolve('no mathjax');
-    if (window.MathJax && MathJax.startup && MathJax.startup.promise) return MathJax.startup.promise.then(resolve);
-    if (--tries > 0) setTimeout(wait, 100); else resolve('MathJax never started');
-  };
-  wait();
-});
-Promise.all([...images, math()]).then(r => done(r.at(-1) === 'MathJax never started' ? r.at(-1) : true),
-                                      e => done(String(e)));
-"""
-# The article's visible prose: code, outputs and typeset math taken out.
-PROSE_JS = """
-const article = document.querySelector('article').cloneNode(true);
-article.querySelectorAll('pre, code, script, style, mjx-container, .cell_output, .output').forEach(e => e.remove());
-return {text: article.textContent, typeset: document.querySelectorAll('article mjx-container').length};
-"""
-NAV_LINKS_JS = """
-const links = (selector, where) => Array.from(document.querySelectorAll(selector))
-  .map(a => ({href: a.href, where: where, cls: a.className, text: a.textContent.trim()}));
-return [...links('.bd-sidebar-primary a[href]', 'sidebar'), ...links('.prev-next-area a', 'prev-next')];
-"""
 NETWORK_SCHEMES = {"http", "https", "ws", "wss", "ftp"}
-RAW_TEX = re.compile(r"\\(frac|sqrt|mathrm)\b|\\[([]|\$[^$\s][^$]*\$")  # TeX commands, \( \[ or $...$ left
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # the tests report what matters; the server's log of every request is noise
-        pass
+KINDS = ("launch-binder-button", "launch-colab-button", "source-repository-button")  # tools/site/header_links.py
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The site built from the committed notebooks into a temporary folder and served on localhost."""
+    """The site built from the committed notebooks, with no repository address, into a temporary folder and
+    served on localhost."""
     work = tmp_path_factory.mktemp("site")
     out = work / "html"
-    seconds = build(ROOT / "notebooks", out, work / "work")
+    seconds = build(ROOT / "notebooks", out, work / "work", repository_url="")
     print(f"site built in {seconds:.1f} s")
-    handler = functools.partial(QuietHandler, directory=str(out))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield {"out": out, "base": f"http://127.0.0.1:{server.server_address[1]}/", "seconds": seconds}
+    server, base = serve(out)
+    yield {"out": out, "base": base, "seconds": seconds}
     server.shutdown()
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if not (CHROMIUM and CHROMEDRIVER):
-        message = "headless Chromium not found: install Debian's 'chromium' and 'chromium-driver' (.ci/run does)"
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1280,1600",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    driver.set_script_timeout(60)
-    driver.get("about:blank")  # not the new-tab page, whose chrome:// requests would fill the first log
+    driver = chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
-
-
-def requested_urls(browser) -> list[str]:
-    """The URLs of the requests the browser sent since the performance log was last read."""
-    messages = (json.loads(entry["message"])["message"] for entry in browser.get_log("performance"))
-    return [m["params"]["request"]["url"] for m in messages if m["method"] == "Network.requestWillBeSent"]
-
-
-def open_page(browser, url: str, shot: str | None = None) -> dict:
-    """Load a page and wait until it has settled; return its console errors and the URLs it requested."""
-    browser.get_log("browser")  # drop what earlier pages left in the logs
-    browser.get_log("performance")
-    browser.get(url)
-    settled = browser.execute_async_script(SETTLED_JS)
-    if shot:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SHOTS / f"{shot}.png"))
-    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-    return {"settled": settled, "errors": errors, "requests": requested_urls(browser)}
 
 
 @pytest.fixture(scope="module")
@@ -196,19 +117,6 @@ def test_page_loads_offline_without_errors(site, visit, page):
     assert network, f"{page}: no request was recorded at all (is the performance log on?)"
 
 
-def has_math(page: str) -> bool:
-    """Whether the page's source writes any formula: TeX in a markdown cell, or a docstring's math directive."""
-    if page == "api.html":
-        from tools.build_site import API_MODULES  # the modules the page documents
-
-        files = [ROOT / "mha_tutorial" / (name.replace(".", "/") + ".py") for name in API_MODULES]
-        return any(".. math::" in f.read_text() for f in files if f.exists())
-    if page == "docs/teaching.html":
-        return "$" in (ROOT / "docs" / "teaching.md").read_text()
-    cells = json.loads((ROOT / page.replace(".html", ".ipynb")).read_text())["cells"]
-    return any("$" in "".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
-
-
 @pytest.mark.parametrize("page", [*NOTEBOOK_PAGES, "docs/teaching.html", "api.html"])
 def test_math_is_typeset(visit, page):
     record = visit(page)
@@ -226,6 +134,11 @@ def test_every_figure_is_drawn(visit, page):
     for img in images:
         assert img["width"] > 50 and img["height"] > 50, img
         assert img["distinct"] > 1, f"blank image on {page}: {img}"
+        # A click opens the full-size image; the figure spans the column and the contents' margin beside it, and
+        # is scaled down only where it is wider than that, never up.
+        assert img["href"] == img["src"], f"{page}: a figure that does not link to its full-size image: {img}"
+        assert img["room"] >= img["column"] + 200, f"{page}: a figure kept inside the text column: {img}"
+        assert min(img["width"], img["room"]) - 1 <= img["shown"] <= img["width"] + 0.5, f"{page}: {img}"
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -261,6 +174,11 @@ def test_the_index_is_the_readme_series_table(site, browser, show):
     assert not any("time" in h.lower() for h in headers), headers
     summaries = [td.text for td in browser.find_elements("css selector", "article table tr td:nth-child(3)")]
     assert all(len(text) > 20 for text in summaries[: len(LESSON_PAGES)]), summaries
+    heading = browser.find_element("css selector", "article section#quick-start h2")  # then the README's Quick start
+    code = browser.find_element("css selector", "article section#quick-start pre").text
+    assert heading.text.startswith("Quick start") and all(f"make {c}" in code for c in ("lab", "run", "test")), code
+    browser.execute_script("arguments[0].scrollIntoView()", heading)
+    save_shot(browser, "landing-quick-start")
 
 
 def test_a_lesson_shows_no_solution_and_links_to_its_companion(site, browser, show):
@@ -280,8 +198,7 @@ def test_a_lesson_shows_no_solution_and_links_to_its_companion(site, browser, sh
         assert code.is_displayed() and "def " in code.text, "the companion shows its solutions, nothing folded"
     links = [a.get_attribute("href") for a in browser.find_elements("css selector", "article a[href]")]
     assert site["base"] + lesson in links, "the companion links back to its lesson"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SHOTS / "solutions-companion.png"))
+    save_shot(browser, "solutions-companion", SHOTS)
 
 
 @pytest.mark.parametrize("page", LESSON_PAGES)
@@ -304,17 +221,75 @@ def test_no_lesson_page_holds_solution_code(site, page):
                 assert not shown, f"{page} shows its solution: {shown}"
 
 
-def test_search_finds_a_function(site, browser):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    record = open_page(browser, site["base"] + "search.html?q=transpose_qkv")
-    results = WebDriverWait(browser, 30).until(
-        lambda b: b.find_elements("css selector", "#search-results ul.search li")
-    )
-    browser.save_screenshot(str(SHOTS / "search-results.png"))
-    assert record["errors"] == [], record["errors"]
-    hrefs = [li.find_element("css selector", "a").get_attribute("href") for li in results]
+def test_search_finds_a_function_and_shows_excerpts(site, browser):
+    results, errors = search(browser, site["base"] + "search.html?q=transpose_qkv", "search-served")
+    assert errors == [], errors
+    hrefs = [r["href"] for r in results]
     assert any("api.html" in h for h in hrefs) and any("03_splitting_heads" in h for h in hrefs), hrefs
+    assert_excerpts(results)
+
+
+def test_search_shows_excerpts_when_the_site_is_opened_as_a_file(site, browser):
+    results, errors = search(browser, (site["out"] / "search.html").as_uri() + "?q=divide", "search-as-a-file")
+    assert errors == [], errors
+    assert_excerpts(results)
+    assert any("√" in r["excerpt"] for r in results), [r["excerpt"] for r in results]
+
+
+def test_one_search_box_per_page(browser, show):
+    show(LESSON_PAGES[0])
+    fields = browser.find_elements("css selector", ".search-button-field, .search-button__button, #searchbox input")
+    assert sum(f.is_displayed() for f in fields) == 1, "the page shows more than one search box"
+
+
+def test_a_notebook_page_offers_its_ipynb_for_download(site, browser, show):
+    show(page := LESSON_PAGES[0])
+    browser.find_element("css selector", ".dropdown-download-buttons button").click()
+    link = browser.find_element("css selector", ".dropdown-download-buttons a[href$='.ipynb']")
+    assert link.is_displayed(), "the download menu does not show the .ipynb"
+    save_shot(browser, "download-menu")
+    target = site["out"] / urllib.parse.unquote(link.get_attribute("href").removeprefix(site["base"]))
+    assert target.is_file(), f"the download link leads to {target}, which the site does not have"
+    shipped, committed = (json.loads(path.read_text())["cells"] for path in (target, ROOT / f"{page[:-5]}.ipynb"))
+    assert shipped == committed, "the downloadable notebook is not the one the page shows"
+
+
+@pytest.mark.parametrize("part", ["pre", "mjx-container[display='true']"])
+def test_wide_code_and_formulas_scroll_and_show_it(browser, show, part):
+    show("notebooks/04_multi_head_attention.html")
+    widest = browser.execute_script(WIDEST_JS, f"article {part}")
+    assert widest, f"no {part} wider than the column on 04 to look at"
+    time.sleep(0.6)  # for the contents to fold, if a figure came into view
+    save_shot(browser, name := "wide-code" if part == "pre" else "wide-formula")
+    assert widest["overflow"] in ("auto", "scroll") and widest["shadow"], f"nothing shows that {part} scrolls: {widest}"
+    assert browser.execute_script(SCROLL_JS) > 0, f"{part} does not scroll: {widest}"
+    save_shot(browser, f"{name}-scrolled")
+
+
+def test_a_figure_opens_at_full_size(site, browser, show):
+    show("notebooks/09_pretrained_heads.html")
+    link = max(browser.find_elements("css selector", "article a.figure-link"), key=lambda a: a.size["width"])
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", link)
+    time.sleep(0.6)  # the page's contents fold away while a figure is in view (a 0.4 s transition)
+    save_shot(browser, "figure-in-page")
+    assert not browser.execute_script(OVERLAP_JS, link), "the page's contents cover part of a figure"
+    figure = browser.execute_script("const i = arguments[0].querySelector('img'); return [i.src, i.naturalWidth]", link)
+    link.click()
+    opened = browser.execute_script("return [location.href, document.images[0].naturalWidth]")
+    save_shot(browser, "figure-full-size")
+    assert opened == figure, f"the figure {figure} opens {opened}"
+
+
+def test_mathjax_ships_only_what_the_pages_load(site, visit):
+    base = site["base"] + "_static/mathjax/"
+    requests = [url for page in PAGES for url in visit(page)["requests"]]
+    loaded = {url.removeprefix(base).split("?")[0] for url in requests if url.startswith(base)}
+    assert "tex-chtml.js" in loaded, "no page loaded MathJax"
+    shipped, fonts, size = mathjax_shipped(site["out"] / "_static" / "mathjax")
+    assert loaded <= shipped, f"pages load MathJax files the site lacks: {loaded - shipped}"
+    assert shipped - loaded <= fonts, f"MathJax files that no page loads: {sorted(shipped - loaded - fonts)}"
+    assert size < 3e6, f"_static/mathjax holds {size / 1e6:.1f} MB"
+    assert not list(site["out"].rglob("*.map")), "source maps shipped"
 
 
 def test_api_page_documents_the_package(browser, show):
@@ -328,7 +303,54 @@ def test_api_page_documents_the_package(browser, show):
         assert name in text
 
 
+def test_no_launch_button_or_repository_link_without_an_address(site):
+    """Built with no repository address (as pyproject has none yet): nothing anywhere shows one."""
+    shown = {path.name: addresses_shown(path.read_text(encoding="utf-8")) for path in site["out"].rglob("*.html")}
+    assert not {name: found for name, found in shown.items() if found}
+
+
+def test_launch_buttons_and_repository_link_come_from_the_address(tmp_path, browser):
+    """A one-notebook site built with an address: its lesson's Binder, Colab and repository links."""
+    out = small_site(tmp_path, "https://github.com/example-owner/mha-from-scratch")
+    page = (out / "notebooks" / "01_tiny.html").read_text(encoding="utf-8")
+    hrefs = {kind: re.findall(rf'href="([^"]+)"[^>]*\s+class="[^"]*btn-{kind}', page) for kind in KINDS}
+    assert hrefs == {
+        "launch-binder-button": ["https://mybinder.org/v2/gh/example-owner/mha-from-scratch/HEAD?labpath=notebooks/01_tiny.ipynb"],
+        "launch-colab-button": ["https://colab.research.google.com/github/example-owner/mha-from-scratch/blob/main/notebooks/01_tiny.ipynb"],
+        "source-repository-button": ["https://github.com/example-owner/mha-from-scratch"],
+    }  # fmt: skip
+    index = (out / "index.html").read_text(encoding="utf-8")  # not a notebook: the repository link alone
+    assert "btn-source-repository-button" in index and "launch-buttons" not in index
+    browser.get((out / "notebooks" / "01_tiny.html").as_uri())
+    browser.find_element("css selector", ".dropdown-launch-buttons button").click()
+    save_shot(browser, "launch-buttons")
+    shown = browser.find_elements("css selector", ".dropdown-launch-buttons a, a.btn-source-repository-button")
+    assert [a.get_attribute("href") for a in shown if a.is_displayed()] == [h for k in KINDS for h in hrefs[k]]
+
+
+def test_off_github_a_page_gets_the_repository_link_alone():
+    assert header_buttons(None, "notebooks/01_a.ipynb") == header_buttons("", "notebooks/01_a.ipynb") == []
+    buttons = header_buttons(url := "https://codeberg.org/someone/mha", "notebooks/01_a.ipynb")  # not GitHub
+    assert [(b["label"], b["url"]) for b in buttons] == [("source-repository-button", url)]
+
+
 # Without a browser: the pieces the build assembles its source tree from.
+
+
+def test_the_landing_page_takes_the_readme_sections_and_turns_badges_into_links():
+    readme = "# T\n\nIntro.\n\n## The series\n\n| a |\n\n## Other\n\nx\n\n## Quick start\n\n```bash\nmake lab\n```\n"
+    assert readme_section(readme, "The series", from_title=True) == "# T\n\nIntro.\n\n## The series\n\n| a |\n"
+    assert readme_section(readme, "Quick start") == "## Quick start\n\n```bash\nmake lab\n```\n"
+    badges = "[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://c.example/x) ![b](//b.example/y.svg)"
+    assert badges_as_links(badges) == "[Open in Colab](https://c.example/x) b"
+    assert badges_as_links("![local](figure.png)") == "![local](figure.png)"
+
+
+def test_formulas_read_as_text_in_search_excerpts():
+    assert tex_to_text(r"\(\sqrt{d}\)") == "√d"
+    assert tex_to_text(r"\[\mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d}}\right)V\]") == "softmax(QKᵀ/√d)V"
+    assert tex_to_text(r"\(W_h^Q \in \mathbb{R}^{D\times d}\)") == "W_h^Q ∈ ℝ^(D × d)"
+    assert tex_to_text(r"\(\operatorname{diag}(p) - pp^\top, \ \alpha\Delta\)") == "diag(p) - ppᵀ, αΔ"
 
 
 def test_index_shows_timings_only_from_the_run_steps_file(tmp_path):

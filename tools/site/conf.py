@@ -1,9 +1,23 @@
 """Sphinx configuration of the series' site; tools/build_site.py assembles the source tree and runs Sphinx.
 
 The notebooks are rendered with the outputs they already have (myst-nb never executes them). Nothing
-is fetched from the network by a page: MathJax is the copy vendored by sphinx-mathjax-offline, and the
-theme's fonts and icons are files of the theme.
+is fetched from the network by a page: MathJax is the part of sphinx-mathjax-offline's copy that the pages load,
+and the theme's fonts and icons are files of the theme. The extensions beside this file:
+
+- offline_assets: copies that part of MathJax, and drops the themes' source maps;
+- figure_links: each figure of a notebook links to its full-size image and takes the page's full width
+  (_static/site.css and site.js style it);
+- header_links: the repository link and the Binder / Colab buttons, from ``mha_repository_url`` below;
+- search_excerpts: the search page shows excerpts also when the site is opened as a file.
 """
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # the extensions beside this file; tools.project
+
+from tools.project import repository_url  # noqa: E402
 
 project = "Multi-Head Attention from Scratch"
 author = "the Multi-Head Attention from Scratch authors"  # as CITATION.cff names them
@@ -13,8 +27,15 @@ extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
-    "sphinx-mathjax-offline",  # MathJax 3 copied into _static/mathjax/ and loaded from there
+    "offline_assets",  # MathJax 3's tex-chtml.js and what it loads, copied into _static/mathjax/
+    "figure_links",
+    "header_links",
+    "search_excerpts",
 ]
+
+# The repository's public address: pyproject's [project.urls] Repository (tools/project.py), None while unset.
+# `-D mha_repository_url=...` replaces it for one build (tools/build_site.py --repository-url).
+mha_repository_url = repository_url()
 
 # The notebooks were executed before (by `make run`, or when their outputs were committed).
 nb_execution_mode = "off"
@@ -36,17 +57,23 @@ html_theme = "sphinx_book_theme"
 html_title = project
 html_favicon = "_static/favicon.svg"  # without one the browser asks for /favicon.ico, which is not there
 html_static_path = ["_static"]
-html_copy_source = False  # the notebooks are in the repository; the site shows them, it does not ship them
+html_css_files = ["site.css"]
+html_js_files = [("site.js", {"defer": "defer"})]
+html_copy_source = True  # into _sources/: each notebook's page offers its .ipynb for download from there
 html_show_sourcelink = False
 html_last_updated_fmt = None
 html_theme_options = {
     "home_page_in_toc": True,
     "show_navbar_depth": 1,
     "show_toc_level": 2,
-    "use_download_button": False,  # it offers the page's source, which the site does not copy
+    "use_download_button": True,  # the page's source (a notebook's .ipynb) from _sources/, and print to PDF
     "use_fullscreen_button": True,
-    "use_repository_button": False,
-    "launch_buttons": {},  # no Binder / Colab / JupyterHub: they would need the network
+    "use_repository_button": False,  # header_links adds it, with the launch buttons, from mha_repository_url
+    "launch_buttons": {},
+    "navbar_start": [],  # the header bar above the page repeated the side bar's search box
+    "navbar_center": [],
+    "navbar_end": [],
+    "navbar_persistent": [],
     "analytics": {},
     "navigation_with_keys": False,
     "show_prev_next": True,
