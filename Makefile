@@ -25,7 +25,7 @@ NBVAL  := --nbval --nbval-kernel-name mha-wheel --nbval-sanitize-with nbval_sani
 # conditional-numerical-reproducibility branch for AVX CPUs, one thread. Each moves float32 rounding.
 NUMERICS = $(shell $(PY) tools/numerics.py)
 
-.PHONY: install install-site install-grading install-dev lab run site serve student nbgrader test lint unit unit-tools \
+.PHONY: install install-site install-grading install-dev lab run site student nbgrader test lint unit unit-tools \
 	unit-rest nbval nbval-first nbval-last outputs conventions lower-bounds clean
 
 ## What a learner needs: PyTorch (CPU build unless TORCH=cuda), the pinned packages of requirements.txt, the
@@ -51,9 +51,10 @@ $(SITE_TOOLS): $(LEARNER) requirements/site.txt
 	$(PIP) -r requirements/site.txt
 	touch $@
 
+# On top of the site's tools: the feedback pages carry the MathJax that sphinx-mathjax-offline ships.
 # nbgrader's JupyterLab menu, toolbar button and server extension are switched off in .venv again: the learner's
 # `make lab` shows no grading UI (the teacher's commands are nbgrader's command line, docs/teaching.md).
-$(GRADING_TOOLS): $(LEARNER) requirements/grading.txt
+$(GRADING_TOOLS): $(SITE_TOOLS) requirements/grading.txt
 	$(PIP) -r requirements/grading.txt
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
 	for part in formgrader validate_assignment assignment_list course_list; do \
@@ -89,7 +90,7 @@ student: install
 
 ## Write an nbgrader course to build/nbgrader/: one assignment per notebook with exercises, its companion's solutions
 ## marked for generate_assignment, each check a locked test cell worth 1 point that runs strict (see docs/teaching.md).
-nbgrader: install-grading install-site  # the feedback pages carry the MathJax that sphinx-mathjax-offline ships
+nbgrader: install-grading
 	$(PY) tools/nbgrader_course.py --out build/nbgrader $(NOTEBOOKS)
 
 ## Lint, then the unit tests (student edition and site included) in two halves and strict nbval over every notebook
@@ -98,8 +99,8 @@ nbgrader: install-grading install-site  # the feedback pages carry the MathJax t
 test: lint
 	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j4 --output-sync=target unit-tools unit-rest nbval-first nbval-last
 
-# The two halves of `make unit` for `make test`, of about equal running time: tooling and the encoder's tests; the
-# rest (SmolLM2's equality tests among them).
+# The two halves of `make unit` for `make test`, of about equal running time: tooling and the pretrained models' tests
+# except test_smollm.py; the rest (SmolLM2's equality tests among them).
 UNIT_TOOLS := tests/tooling $(filter-out tests/pretrained/test_smollm.py,$(wildcard tests/pretrained/test_*.py))
 unit-tools: install-dev
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 $(UNIT_TOOLS)

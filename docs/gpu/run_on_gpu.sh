@@ -42,16 +42,15 @@ flash)
   ;;
 notebooks)
   mkdir -p /tmp/nb
-  for nb in notebooks/[0-9][0-9]_*.ipynb; do
-    python3 -m mha_tutorial.run_notebooks --out /tmp/nb "$nb" 2>&1 | tail -n 25 || true
-  done | tee "$OUT/notebooks.log"
+  cp notebooks/[0-9][0-9]*.ipynb /tmp/nb/  # executed in place there, with timings.json beside them
+  python3 tools/run_notebooks.py /tmp/nb/*.ipynb 2>&1 | tail -n 60 | tee "$OUT/notebooks.log" || true
   tar czf "$OUT/gpu_notebooks.tgz" -C /tmp/nb .
   ;;
 tests)
   # 5 workers of 3 threads: with 16 workers of 16 threads each sharing the GPU, slow tests hit the timeout.
   OMP_NUM_THREADS=3 python3 -m pytest -q -p no:cacheprovider -n 5 --timeout 200 -rfE --tb=short \
-    tests/test_variants.py tests/test_mha.py tests/test_bench.py tests/test_checks_nb05.py \
-    tests/test_checks_nb07.py tests/test_pruning.py tests/test_train.py
+    tests/core/test_variants.py tests/core/test_mha.py tests/experiments/test_bench.py tests/checks/test_checks_nb05.py \
+    tests/checks/test_checks_nb07.py tests/experiments/test_pruning.py tests/experiments/test_train.py
   ;;
 bench)
   # A sweep stopped by the 10-minute limit of one command still leaves bench.partial.csv.
