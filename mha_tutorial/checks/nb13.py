@@ -2,8 +2,8 @@
 
 Exercise 1: pool W_k (or W_v) by averaging each group of G = H / H_kv consecutive heads (Ainslie et al. 2023);
 ``gqa.mha_to_gqa`` and ``gqa._grouped_rows`` are refused; nine slips named. Exercise 2: per group, the mean over its
-heads of ||W_h - M_j||_F / ||W_h||_F (``gqa._grouped_rows`` refused; seven slips named); given the induction model
-and its heads aligned in pairs, the learner's function measures both. Exercise 3: grouped-query attention with no
+heads of ||W_h - M_j||_F / ||W_h||_F (``gqa._grouped_rows`` refused; seven slips named); the learner's function then
+measures the induction model (and its heads aligned in pairs, if given). Exercise 3: grouped-query attention with no
 G-fold copy of K/V: the package's attention, SDPA, repeat_interleave, repeat and any tensor holding G times K's (or
 V's) numbers in memory of its own (expand-and-reshape, cat, stack, `@` broadcasting a size-1 axis of k) are refused.
 """
@@ -239,21 +239,22 @@ def _qk(layer, h):  # head h's query rows and key rows, each bias as one more co
 
 
 def _measure(fn, trained, aligned):
-    """fn on W_k of each attention layer at H_kv = 2, as trained and aligned in pairs, against the loops."""
+    """fn on W_k of each attention layer at H_kv = 2, as trained (and aligned in pairs if given), against the loops."""
     rows = []
-    for (name, before), (_, after) in zip(trained.attention_layers(), aligned.attention_layers(), strict=True):
-        for h in range(1, before.num_heads, 2):
+    second = trained if aligned is None else aligned  # without aligned heads, measure the trained ones only
+    for (name, before), (_, after) in zip(trained.attention_layers(), second.attention_layers(), strict=True):
+        for h in range(1, before.num_heads, 2) if aligned is not None else ():
             U, _, Vh = torch.linalg.svd(_qk(after, h - 1) @ _qk(after, h).T)  # Procrustes of head h onto h - 1
             if not torch.allclose(U @ Vh, torch.eye(len(U), dtype=_DT), atol=1e-4):
                 raise CheckFailed(f"{name}: in the second model, head {h} is not turned onto head {h - 1}: pass "
                                   'section 5\'s turned(induction_cpu, "aligned"), aligned in pairs')  # fmt: skip
         spreads = []
-        for label, layer in (("as trained", before), ("aligned", after)):
+        for label, layer in (("as trained", before), ("aligned", after))[: 1 if aligned is None else 2]:
             case, weight = f"{name}'s W_k {label}, H = {before.num_heads} -> H_kv = 2", layer.W_k.weight.to(_DT).cpu()
             got = _spread_call(fn, weight.clone(), before.num_heads, 2, case)
             expect_close(got, _spread(weight, before.num_heads, 2), case, atol=1e-6, rtol=1e-5)
-            spreads.append(got.to(_DT))
-        rows.append((name, *spreads))
+            spreads.append((label, got.to(_DT)))
+        rows.append((name, spreads))
     return rows
 
 
@@ -261,7 +262,7 @@ def _measure(fn, trained, aligned):
 @torch.no_grad()
 def check_group_spread(fn, trained=None, aligned=None) -> None:
     """``fn(weight, num_heads, num_kv_heads)``: weight (H*d, D_in) -> (H_kv,) float, each group's mean relative spread.
-    Given the induction model ``trained`` and its pairs ``aligned`` (section 5), also measure both with ``fn``."""
+    Given the induction model ``trained`` (and its pairs ``aligned``, section 5), also measure it with ``fn``."""
     g = torch.Generator().manual_seed(132)
     cases = _spread_cases(g)
     for case, weight, H, H_kv in cases:
@@ -273,26 +274,21 @@ def check_group_spread(fn, trained=None, aligned=None) -> None:
             raise CheckFailed(f"{case}: the result is {got.dtype}: return a float tensor (H_kv,)")
         tol = _TOL if got.dtype == _DT else dict(atol=1e-6, rtol=1e-5)  # a float32 result is fine, to its precision
         expected = _spread(weight, H, H_kv)  # (H_kv,)
-        diagnose(
-            got,
-            expected,
-            _spread_mistakes(weight, H, H_kv),
-            case,
-            otherwise=_spread_shape(H, H_kv, weight.shape[0] // H, tol),
-            **tol,
-        )
+        diagnose(got, expected, _spread_mistakes(weight, H, H_kv), case,
+                 otherwise=_spread_shape(H, H_kv, weight.shape[0] // H, tol), **tol)  # fmt: skip
     rows = _measure(fn, trained, aligned) if trained is not None else []
     passed("check_group_spread", len(cases))
     if rows:
         two = lambda t: "[" + ", ".join(f"{x:.2f}" for x in t.tolist()) + "]"  # noqa: E731
         print("Your group_spread on the induction model's W_k, H_kv = 2 (one number per group; checked against loops):")
-        for name, before, after in rows:
-            print(f"  {name}: as trained {two(before)}, aligned {two(after)}")
-        before, after = (torch.cat([row[i] for row in rows]) for i in (1, 2))
-        print(f"  predictions: two unrelated heads of equal norm give 1/sqrt(2) = {1 / math.sqrt(2):.3f}; one "
-              "computation in other coordinates would give 0 once aligned")  # fmt: skip
-        print(f"  measured: as trained {before.min():.2f} to {before.max():.2f}; aligned {after.min():.2f} to "
-              f"{after.max():.2f}, lower in every group: {bool((after < before).all())}")  # fmt: skip
+        for name, spreads in rows:
+            print(f"  {name}: " + ", ".join(f"{label} {two(s)}" for label, s in spreads))
+        turns = "; one computation in other coordinates would give 0 once aligned" if aligned is not None else ""
+        print(f"  predictions: identical heads give 0; two unrelated heads of equal norm give 1/sqrt(2) = "
+              f"{1 / math.sqrt(2):.3f}{turns}")  # fmt: skip
+        before, *after = (torch.cat([s[i][1] for _, s in rows]) for i in range(len(rows[0][1])))
+        print(f"  measured: as trained {before.min():.2f} to {before.max():.2f}" + "".join(f"; aligned {a.min():.2f} "
+              f"to {a.max():.2f}, lower in every group: {bool((a < before).all())}" for a in after))  # fmt: skip
 
 
 # Exercise 3: grouped-query attention without copying the K/V heads

@@ -318,6 +318,17 @@ def test_the_measurement_prints_the_induction_models_spreads(induction_models, c
     torch.testing.assert_close(*(q.T @ k for q, k in forms), atol=1e-5, rtol=1e-4)  # the helper's turn keeps scores
 
 
+def test_the_measurement_of_the_trained_model_alone(induction_models, capsys):
+    """Without aligned heads (the lesson's main line), the check measures and prints the trained model only."""
+    trained = induction_models[0]
+    checks.check_group_spread(spread_vectorised, trained)
+    out = capsys.readouterr().out
+    for name, layer in trained.attention_layers():
+        two = ", ".join(f"{x:.2f}" for x in spread_loop(layer.W_k.weight.detach().double(), 4, 2).tolist())
+        assert f"{name}: as trained [{two}]\n" in out, out
+    assert "identical heads give 0" in out and "1/sqrt(2) = 0.707" in out and "aligned" not in out, out
+
+
 @pytest.mark.parametrize("onto_first", [None, False], ids=["the-same-model", "random-turns"])
 def test_the_measurement_refuses_a_second_model_not_aligned_in_pairs(induction_models, onto_first):
     trained = induction_models[0]
