@@ -6,8 +6,8 @@ package's ``apply_rope`` and its helpers are refused. Typical slips (interleaved
 frequencies base^(-i/d), the positions ignored, the two features of a pair given different angles, angles in
 float32 for float64 input, a wrong dtype) are named.
 
-Exercise 2: find the two bugs in a hand-written cached rotary attention step (the new queries rotated at 0..T-1,
-the cached keys rotated again at every step). The reference is the package's ``MultiHeadAttention(rope_base=...)``
+Exercise 2: find the two bugs in a hand-written cached rotary attention step (what they are is left to the
+learner: this docstring is readable from the notebook). The reference is the package's ``MultiHeadAttention(rope_base=...)``
 over the whole sequence with ``is_causal=True``, fed to the learner's step in chunks; the package's forward pass and
 its cache are refused. The untouched buggy step is told only that both bugs remain (naming them would give the
 exercise away); once one is fixed, the other is named. The new keys appended unrotated, the values rotated, a
