@@ -168,6 +168,14 @@ def _weights_mistakes(queries, keys, temperature, d):
         ),
         ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
         ("multiplied by sqrt(d) instead of dividing by it", _weights(queries, keys, temperature, math.sqrt(d))),
+        *(
+            (
+                f"the scale used the wrong size, queries.shape[{axis}] = {queries.shape[axis]} (a count of queries "
+                f"or heads): d is the length of one query vector, queries.shape[-1] = {d}",
+                _weights(queries, keys, temperature, 1.0 / math.sqrt(queries.shape[axis])),
+            )
+            for axis in (1, -2)
+        ),
         (
             "multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
             _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None,

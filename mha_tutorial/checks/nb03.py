@@ -5,7 +5,8 @@ different, so that a rearrangement that puts even one number in the wrong
 place is caught, and compares it with the package's reference. When the answer
 is wrong in a way that learners often get it wrong (no permute before the
 reshape, heads folded head-major instead of batch-major, ``repeat`` instead of
-``repeat_interleave``, for lengths or for shared key/value heads), the message names that mistake.
+``repeat_interleave``, for lengths or for shared key/value heads; a fused projection cut per head), the message
+names that mistake.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from ..core import heads as _heads
 from ..core.heads import transpose_qkv
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
+from ._nb03_fused import check_split_fused_qkv
 
 __all__ = [
     "check_transpose_qkv",
@@ -23,6 +25,7 @@ __all__ = [
     "check_expand_valid_lens",
     "check_expand_kv_heads",
     "check_average_heads",
+    "check_split_fused_qkv",
 ]
 
 # What the exercises ask the learner to write, already in the package: calling it is refused.

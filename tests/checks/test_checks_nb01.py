@@ -193,3 +193,49 @@ def test_temperature_attention_refuses_the_package(fn):
 def test_entropy_nan_message_does_not_give_the_answer():
     message = fails_with(checks.check_attention_entropy, lambda w: -(w * w.log()).sum(dim=-1), "NaN")
     assert "xlogy" not in message
+
+
+def attention_d_from(axis):
+    def fn(queries, keys, values, temperature=1.0):
+        d = queries.shape[axis]
+        weights = torch.softmax(queries @ keys.transpose(-2, -1) / (math.sqrt(d) * temperature), dim=-1)
+        return weights @ values, weights
+
+    return fn
+
+
+@pytest.mark.parametrize("axis", [1, -2])
+def test_attention_scale_from_the_wrong_axis_is_named(axis):
+    fails_with(checks.check_temperature_attention, attention_d_from(axis), "wrong size", "queries.shape[-1]")
+
+
+def colleague(fix_d=False, fix_temperature=False, fix_output=False):
+    """Exercise 2's buggy attention, with some of its three bugs fixed."""
+
+    def fn(queries, keys, values, temperature=1.0):
+        d = queries.shape[-1] if fix_d else queries.shape[1]
+        scores = queries @ keys.transpose(-2, -1)
+        scores = scores / (math.sqrt(d) * temperature) if fix_temperature else scores / math.sqrt(d) * temperature
+        weights = torch.softmax(scores, dim=-1)
+        return (weights @ values if fix_output else weights.mT @ values), weights
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fixes, fragment",
+    [
+        ({}, "wrong size"),
+        ({"fix_d": True}, "transposed weights"),
+        ({"fix_d": True, "fix_output": True}, "multiplied by the temperature"),
+        ({"fix_d": True, "fix_temperature": True}, "transposed weights"),
+        ({"fix_output": True, "fix_temperature": True}, "wrong size"),
+    ],
+)
+def test_the_colleagues_bugs_are_named_one_at_a_time(fixes, fragment):
+    fails_with(checks.check_temperature_attention, colleague(**fixes), fragment)
+
+
+def test_the_colleagues_function_fixed_passes(capsys):
+    checks.check_temperature_attention(colleague(fix_d=True, fix_temperature=True, fix_output=True))
+    assert "✓ check_temperature_attention" in capsys.readouterr().out

@@ -9,7 +9,7 @@ generate_feedback, release_feedback, each student's fetch_feedback; ``nbgrader e
   mode; she has also deleted the strict switch from every test cell and switched strict mode off in an answer cell,
   but nbgrader restores the locked test cells, which switch it back on (were they not restored, she would score 3);
 * ``bob`` replaces every stub by the worked solution of the companion notebook: full marks;
-* ``carol`` does the same, but exercise 1 folds the rows head-major, a classic: the other two points, and the
+* ``carol`` does the same, but exercise 1 folds the rows head-major, a classic: every other point, and the
   check's diagnosis in her feedback.
 
 The strict switch is not set in nbgrader's environment: the test cells must set it themselves. The commands run in

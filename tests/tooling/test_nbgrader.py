@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.tooling.nbgrader_class import ASSIGNMENT, STUDENTS, name_of, take_the_class
+from tests.tooling.nbgrader_class import ASSIGNMENT, NOTEBOOK, STUDENTS, name_of, take_the_class
 from tests.tooling.sitekit import RAW_TEX, chromium, requested_urls
 from tools.nbgrader_course import (
     BEGIN,
@@ -35,6 +35,7 @@ from tools.student import has_tag
 ROOT = Path(__file__).resolve().parents[2]
 SERIES = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))  # core notebooks and deep dives
 MISTAKE = "folded head-major (row h*B + b)"  # what the check says of carol's exercise 1
+EXERCISES = sum(has_tag(c, "exercise") for c in nbformat.read(NOTEBOOK, as_version=4).cells)  # one point each
 SQLALCHEMY_WARNINGS = re.compile(r"SAWarning|SADeprecationWarning|RemovedIn20Warning|MovedIn20Warning")
 # Resolves when MathJax has typeset the page: the number of formulas typeset, and the prose left with TeX in it.
 TYPESET_JS = """
@@ -67,16 +68,16 @@ def test_each_student_is_filed_under_the_id_given_to_nbgrader(course):
 
 
 def test_a_notebook_without_answers_scores_zero_even_with_the_strict_switch_taken_out(course):
-    assert score(course, "alice") == (0, 3)
+    assert EXERCISES >= 3 and score(course, "alice") == (0, EXERCISES)
     assert "not attempted (Exercise 1: not written yet)" in course.feedback["alice"].read_text()
 
 
 def test_the_worked_solutions_score_full_marks(course):
-    assert score(course, "bob") == (3, 3)
+    assert score(course, "bob") == (EXERCISES, EXERCISES)
 
 
 def test_one_mistake_costs_its_point_and_the_feedback_names_it(course):
-    assert score(course, "carol") == (2, 3)
+    assert score(course, "carol") == (EXERCISES - 1, EXERCISES)
     feedback = course.feedback["carol"].read_text()
     assert MISTAKE in feedback and "my_transpose_qkv_seq_first" in feedback
     assert MISTAKE not in course.feedback["bob"].read_text()
@@ -114,7 +115,7 @@ def test_the_feedback_typesets_its_formulas_offline(course):
 def test_the_released_notebook_keeps_the_stubs_and_holds_no_solution(course):
     stubs = [c for c in course.full.cells if has_tag(c, "exercise")]
     answers = [c for c in course.released.cells if c.metadata.get("nbgrader", {}).get("solution")]
-    assert len(answers) == len(stubs) == 3
+    assert len(answers) == len(stubs) == EXERCISES
     for stub, answer in zip(stubs, answers, strict=True):
         lines = answer.source.split("\n")
         assert [line.strip() for line in lines].count(CODE_STUB) == 1
@@ -124,13 +125,13 @@ def test_the_released_notebook_keeps_the_stubs_and_holds_no_solution(course):
     for solution in (c for c in course.solved.cells if has_tag(c, "solution")):
         body = [line.strip() for line in solution.source.split("\n")[1:] if line.strip()]
         assert not [line for line in body if line in released], name_of(solution)
-    assert sum(has_tag(c, "hint") for c in course.released.cells) == 3
+    assert sum(has_tag(c, "hint") for c in course.released.cells) == EXERCISES
     assert all(not c.get("outputs") for c in course.released.cells)
 
 
 def test_the_released_test_cells_are_locked_and_strict(course):
     tests = [c for c in course.released.cells if c.metadata.get("nbgrader", {}).get("grade")]
-    assert len(tests) == 3
+    assert len(tests) == EXERCISES
     for cell in tests:
         assert cell.metadata.nbgrader.locked and cell.metadata.nbgrader.points == 1
         assert cell.metadata.editable is False and cell.metadata.deletable is False
