@@ -247,7 +247,7 @@ def _measure(fn, trained, aligned):
             U, _, Vh = torch.linalg.svd(_qk(after, h - 1) @ _qk(after, h).T)  # Procrustes of head h onto h - 1
             if not torch.allclose(U @ Vh, torch.eye(len(U), dtype=_DT), atol=1e-4):
                 raise CheckFailed(f"{name}: in the second model, head {h} is not turned onto head {h - 1}: pass "
-                                  'section 5\'s turned(induction_cpu, "aligned"), aligned in pairs')  # fmt: skip
+                                  "a copy whose heads are aligned in pairs")  # fmt: skip
         spreads = []
         for label, layer in (("as trained", before), ("aligned", after))[: 1 if aligned is None else 2]:
             case, weight = f"{name}'s W_k {label}, H = {before.num_heads} -> H_kv = 2", layer.W_k.weight.to(_DT).cpu()
@@ -262,7 +262,8 @@ def _measure(fn, trained, aligned):
 @torch.no_grad()
 def check_group_spread(fn, trained=None, aligned=None) -> None:
     """``fn(weight, num_heads, num_kv_heads)``: weight (H*d, D_in) -> (H_kv,) float, each group's mean relative spread.
-    Given the induction model ``trained`` (and its pairs ``aligned``, section 5), also measure it with ``fn``."""
+    Given the induction model ``trained`` (and a copy ``aligned`` with its heads turned onto their neighbours in
+    pairs), also measure it with ``fn``."""
     g = torch.Generator().manual_seed(132)
     cases = _spread_cases(g)
     for case, weight, H, H_kv in cases:

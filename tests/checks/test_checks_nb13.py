@@ -334,7 +334,7 @@ def test_the_measurement_refuses_a_second_model_not_aligned_in_pairs(induction_m
     trained = induction_models[0]
     second = trained if onto_first is None else turn_heads(trained, onto_first)
     fails_with(lambda fn: checks.check_group_spread(fn, trained, second), spread_loop, "dec.0.self", "head 1 is not "
-               "turned onto head 0", 'turned(induction_cpu, "aligned")')  # fmt: skip
+               "turned onto head 0", 'aligned in pairs')  # fmt: skip
 
 
 def test_the_measurement_compares_the_learners_numbers_with_the_loops(induction_models):
