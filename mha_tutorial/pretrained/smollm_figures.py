@@ -139,7 +139,9 @@ def plot_pruning_curves(curves: dict, totals: dict, intact: float, uniform: floa
     for ax, (unit, c) in zip(axes[0], curves.items(), strict=True):
         x = [n / totals[unit] for n in c["counts"]]
         rnd = torch.tensor(c["random"])  # (orders, counts)
-        ax.fill_between(x, rnd.min(0).values, rnd.max(0).values, color="grey", alpha=0.3, label="random orders")
+        ax.fill_between(
+            x, rnd.min(0).values, rnd.max(0).values, color="grey", alpha=0.3, label=f"{len(rnd)} random orders"
+        )
         ax.plot(x, c["importance"], "o-", color="C3", label="least important first")
         ax.axhline(intact, color="k", ls=":", label="no unit off")
         ax.axhline(uniform, color="k", ls="--", lw=1, label="uniform guess")
@@ -152,7 +154,7 @@ def plot_pruning_curves(curves: dict, totals: dict, intact: float, uniform: floa
 def curve_table(curve: dict, unit: str, total: int) -> str:
     """The curve's numbers as text: units off | importance order | random orders' minimum - maximum."""
     rnd = torch.tensor(curve["random"])  # (orders, counts)
-    lines = [f"{unit}s off | least important first | random orders (min - max)"]
+    lines = [f"{unit}s off | least important first | {len(rnd)} random orders (min - max)"]
     for i, n in enumerate(curve["counts"]):
         low, high = float(rnd[:, i].min()), float(rnd[:, i].max())
         lines.append(f"{n:>3} of {total} | {curve['importance'][i]:>9.2f} | {low:9.2f} - {high:.2f}")

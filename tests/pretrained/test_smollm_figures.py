@@ -88,14 +88,14 @@ def test_pruning_curves_draw_a_band_lines_and_a_log_axis():
     assert left.get_yscale() == "log" and left.get_ylabel() == "held-out perplexity (log)"
     assert left.collections, "the random orders' band is missing"
     labels = [t.get_text() for t in left.get_legend().get_texts()]
-    assert set(labels) == {"random orders", "least important first", "no unit off", "uniform guess"}
+    assert set(labels) == {"2 random orders", "least important first", "no unit off", "uniform guess"}
     assert [ax.get_xlabel() for ax in fig.axes] == ["fraction of heads off", "fraction of groups off"]
     plt.close(fig)
 
 
 def test_curve_table_prints_each_count_with_the_random_range():
     lines = figs.curve_table(CURVE, "head", 4).splitlines()
-    assert lines[0].startswith("heads off")
+    assert lines[0] == "heads off | least important first | 2 random orders (min - max)"
     assert lines[2] == "  2 of 4 |     12.00 |     15.00 - 20.00"
 
 
