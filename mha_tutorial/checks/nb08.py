@@ -207,10 +207,9 @@ def check_fixed_attention(fixed_attention) -> None:
             f"fixed_attention(queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, valid_lens={lens}, "
             f"num_heads={heads})"
         )
+        leaves = [t.clone().requires_grad_() for t in (queries, keys, values)]  # to backpropagate through the answer
         with refusing(_PACKAGE_ATTENTION, _TORCH_ATTENTION):
-            result = call(
-                fixed_attention, queries.clone(), keys.clone(), values.clone(), valid_lens.clone(), heads, case=case
-            )
+            result = call(fixed_attention, *(t * 1 for t in leaves), valid_lens.clone(), heads, case=case)
         if not isinstance(result, tuple) or len(result) != 2:
             raise CheckFailed(f"{case}: return a pair (output, weights), got {type(result).__name__}")
         output, weights = (expect_tensor(x, case).detach().float().cpu() for x in result)
@@ -227,7 +226,21 @@ def check_fixed_attention(fixed_attention) -> None:
                     "(B, H, Q, d) straight to (B, Q, H*d) mixes heads and positions; transpose(1, 2) first"
                 )
         expect_close(output, expected_output, case + " (output)", atol=1e-5)
+        _expect_finite_gradients(result[0], leaves, case)
     passed("check_fixed_attention", len(_CASES))
+
+
+def _expect_finite_gradients(output, leaves, case: str) -> None:
+    """A right forward pass whose backward pass puts NaN in the inputs' gradients (a -inf fill patched afterwards)."""
+    if not output.requires_grad:
+        return
+    output.float().pow(2).sum().backward()
+    if any(t.grad is not None and t.grad.isnan().any() for t in leaves):
+        raise CheckFailed(
+            f"{case}: the outputs are right but the gradients hold NaN: a -inf fill patched after the softmax "
+            "(nan_to_num, masked_fill, where) still sends 0 * NaN back through it (section 8); fill the masked "
+            "scores with torch.finfo(dtype).min instead, then zero the rows with no visible key"
+        )
 
 
 # Exercise 2: predict which checks of section 12's smoke test three new buggy variants fail. The check runs its

@@ -39,6 +39,9 @@ def make_attention(
             weights = masked_softmax(scores, mask=keep.expand(scores.shape))
         elif fill == "-inf":
             weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=dim)
+        elif fill == "-inf-patched":  # NaN rows patched after the product: right forward, NaN in the backward pass
+            weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=dim)
+            return _merge(weights @ v, merge, B, Q, D).nan_to_num(), weights.nan_to_num()
         elif fill == "-1e9":
             weights = torch.softmax(scores.masked_fill(~keep, -1e9), dim=dim)
         elif fill == "finfo-zeroed":  # the right recipe written out by hand
@@ -47,16 +50,17 @@ def make_attention(
         if dim != -1 and fill == "package":
             weights = torch.softmax(scores.masked_fill(~keep, torch.finfo(scores.dtype).min), dim=dim)
             weights = weights.masked_fill(~keep.expand(scores.shape).any(-1, keepdim=True), 0.0)
-        output = weights @ v  # (B, H, Q, d)
-        if merge == "view":
-            output = output.transpose(1, 2).view(B, Q, D)
-        elif merge == "no-transpose":
-            output = output.reshape(B, Q, D)
-        else:
-            output = output.transpose(1, 2).reshape(B, Q, D)
-        return output, weights
+        return _merge(weights @ v, merge, B, Q, D), weights
 
     return fn
+
+
+def _merge(output, merge, B, Q, D):  # (B, H, Q, d) -> (B, Q, D), rightly or by one of the exercise's bugs
+    if merge == "view":
+        return output.transpose(1, 2).view(B, Q, D)
+    if merge == "no-transpose":
+        return output.reshape(B, Q, D)
+    return output.transpose(1, 2).reshape(B, Q, D)
 
 
 def sdpa_attention(queries, keys, values, valid_lens, num_heads):
@@ -211,3 +215,8 @@ def test_malformed_predictions_are_reported():
     check_fails_with(check_smoke_predictions, lambda: {"A": set()}, "one entry per variant")
     bad = {**RIGHT_PREDICTIONS, "C: int mask": {"crashes"}}
     check_fails_with(check_smoke_predictions, lambda: bad, "set of column names")
+
+
+def test_a_forward_patched_after_a_minus_inf_fill_is_caught_by_its_gradients():
+    """nan_to_num after a -inf softmax gives the right outputs and weights, but NaN in the gradients (section 8)."""
+    fails_with(make_attention(fill="-inf-patched"), "the outputs are right but the gradients hold NaN", "finfo")
