@@ -261,7 +261,7 @@ def _draw_task(ax, rows, numbers, extra=(), extra_label="") -> None:
         up = numbers.loc[(control.task.iloc[0], control.num_kv_heads.iloc[0], CONTROL, "uptrained")]
         if up["max"] - up["min"] >= BAND_MIN:  # a thinner band would be a legend entry with nothing visible
             ax.axhspan(up["min"], up["max"], color="0.85", label="MHA uptrained the same way (control): seeds' range")
-        ax.axhline(up["mean"], color="0.35", lw=1.2, label="MHA uptrained (control): mean")
+        ax.axhline(up["mean"], color="0.35", lw=1.2, label="MHA uptrained (control): mean of its seeds")
         original = control[control.stage == "converted"]
         ax.plot(original.kv_bytes_per_token.iloc[:1], original.accuracy.iloc[:1], "*", color="k", ms=11,
                 label="MHA checkpoint, as trained")  # fmt: skip
