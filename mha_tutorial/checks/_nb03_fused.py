@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core import heads as _heads
+from ..core.heads import transpose_qkv
 from ._common import CheckFailed, call, expect_shape, expect_tensor, friendly, passed, refusing
 
 # (batch, steps, heads, head_size): B, T, H > 1, and H >= 3 in two cases so that a per-head cut lands in other heads
@@ -25,11 +26,6 @@ def _fused(batch: int, steps: int, heads: int, size: int) -> torch.Tensor:
     w, b, t, h, j = (i.view([-1 if k == m else 1 for k in range(5)]) for m, i in enumerate(idx))
     labels = 10000 * w + 1000 * b + 100 * t + 10 * h + j  # (3, B, T, H, d)
     return labels.permute(1, 2, 0, 3, 4).reshape(batch, steps, 3 * heads * size)
-
-
-def _fold(block: torch.Tensor, heads: int) -> torch.Tensor:  # (B, T, H*d) -> (B*H, T, d), batch-major
-    batch, steps, width = block.shape
-    return block.reshape(batch, steps, heads, width // heads).permute(0, 2, 1, 3).reshape(-1, steps, width // heads)
 
 
 def _per_head_cut(qkv: torch.Tensor, heads: int) -> list[torch.Tensor]:
@@ -51,7 +47,7 @@ def check_split_fused_qkv(fn) -> None:
         if not isinstance(result, tuple | list) or len(result) != 3:
             raise CheckFailed(f"{case}: return the three tensors (q, k, v), got {type(result).__name__}")
         actual = [expect_tensor(r, case).detach().cpu() for r in result]
-        expected = [_fold(block, heads) for block in qkv.chunk(3, dim=-1)]
+        expected = [transpose_qkv(block, heads) for block in qkv.chunk(3, dim=-1)]  # the package's, as reference
         for name, a, e, wrong in zip("qkv", actual, expected, _per_head_cut(qkv, heads), strict=True):
             expect_shape(a, e.shape, f"{case}, {name}")
             if torch.equal(a, e):
