@@ -252,53 +252,59 @@ def _real_keys(valid_lens, num_keys):
     return (torch.arange(num_keys) < valid_lens[:, None])[:, None, None]  # (B, 1, 1, K): True = real key
 
 
-def _zeroed_after_softmax(q, k, v, valid_lens):
+def _renormalised(q, k, v, valid_lens):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
-    weights = scores.softmax(dim=-1).masked_fill(~_real_keys(valid_lens, k.shape[-2]), 0.0)  # not renormalised
+    weights = scores.softmax(dim=-1).masked_fill(~_real_keys(valid_lens, k.shape[-2]), 0.0)  # padded keys set to 0
+    weights = weights / weights.sum(-1, keepdim=True)  # each row divided by its sum: 0 / 0 on an empty row
     return weights @ v, weights
 
 
-def _float_mask_added(q, k, v, valid_lens):
+def _mask_multiplied(q, k, v, valid_lens):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
-    weights = (scores + _real_keys(valid_lens, k.shape[-2]).float()).softmax(dim=-1)  # adds 1 to real keys
+    weights = (scores * _real_keys(valid_lens, k.shape[-2])).softmax(dim=-1)  # padded scores set to 0, not hidden
     return weights @ v, weights
 
 
-def _int_mask(q, k, v, valid_lens):
+def _b1k_mask(q, k, v, valid_lens):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
-    padded = 1 - _real_keys(valid_lens, k.shape[-2]).int()  # (B, 1, 1, K): 1 = padded, an int tensor
-    weights = scores.masked_fill(padded, torch.finfo(scores.dtype).min).softmax(dim=-1)  # an int mask
+    keep = padding_mask(valid_lens, k.shape[-2])  # (B, 1, K): right for (B, Q, K) scores, not for (B, H, Q, K)
+    weights = scores.masked_fill(~keep, torch.finfo(scores.dtype).min).softmax(dim=-1)
     return weights @ v, weights
 
 
 SMOKE_VARIANTS = {
-    "A: zeroed after softmax": _zeroed_after_softmax,
-    "B: float mask added": _float_mask_added,
-    "C: int mask": _int_mask,
+    "A: renormalised": _renormalised,
+    "B: mask multiplied": _mask_multiplied,
+    "C: (B, 1, K) mask": _b1k_mask,
 }
 
 # Why each variant passes or fails each check; the message quotes the one the prediction got wrong.
+_NOT_RUN = "the function raised, so this check is not run ('-')"
 _WHY = {
-    "A: zeroed after softmax": {
+    "A: renormalised": {
         "runs": "every operation is valid, so it runs",
-        "rows sum to 1": "the softmax ran over all keys, so zeroing the padded ones leaves rows that sum to less than 1",
-        "masked = 0": "masked_fill(..., 0.0) after the softmax puts exactly 0 on every masked key",
-        "no NaN": "no -inf is ever used: the empty example gets a softmax over padding, then zeros",
-        "= F.sdpa": "the kept weights were normalised over the padding too, so the output differs",
+        "rows sum to 1": "where a key is visible, dividing by the row sum gives exactly the masked softmax, "
+        "so those rows sum to 1",
+        "masked = 0": "the empty example's rows are all zeros before the division, and 0 / 0 = NaN: "
+        "its masked weights are NaN, not 0",
+        "no NaN": "the empty example's rows are 0 / 0 = NaN, in the output, the weights and the gradients",
+        "= F.sdpa": "the empty example's output is NaN, and NaN equals nothing",
     },
-    "B: float mask added": {
-        "runs": "adding a float tensor is valid, so it runs",
+    "B: mask multiplied": {
+        "runs": "multiplying by a bool tensor is valid, so it runs",
         "rows sum to 1": "the softmax still normalises each row over all keys, so rows sum to 1",
-        "masked = 0": "a float mask is added (section 10): +1 on real keys, +0 on padding, which hides nothing",
+        "masked = 0": "a padded score times 0 is 0, and exp(0) = 1: the padded keys keep weight "
+        "(like section 10's float mask, it hides nothing)",
         "no NaN": "no -inf is used, so there is no 0 / 0",
         "= F.sdpa": "the padded keys keep weight, so the output differs",
     },
-    "C: int mask": {
-        "runs": "masked_fill only supports boolean masks: an int mask raises RuntimeError",
-        "rows sum to 1": "the function raised, so this check is not run ('-')",
-        "masked = 0": "the function raised, so this check is not run ('-')",
-        "no NaN": "the function raised, so this check is not run ('-')",
-        "= F.sdpa": "the function raised, so this check is not run ('-')",
+    "C: (B, 1, K) mask": {
+        "runs": "a (B, 1, K) mask lines up from the right with (B, H, Q, K) as (1, B, 1, K): its B = 3 meets "
+        "H = 2, and masked_fill raises a size error (section 3)",
+        "rows sum to 1": _NOT_RUN,
+        "masked = 0": _NOT_RUN,
+        "no NaN": _NOT_RUN,
+        "= F.sdpa": _NOT_RUN,
     },
 }
 

@@ -165,9 +165,9 @@ def test_wrong_return_values_are_reported():
 
 # Exercise 2: predict which smoke-test checks three new variants fail.
 RIGHT_PREDICTIONS = {
-    "A: zeroed after softmax": {"rows sum to 1", "= F.sdpa"},
-    "B: float mask added": {"masked = 0", "= F.sdpa"},
-    "C: int mask": {"runs"},
+    "A: renormalised": {"masked = 0", "no NaN", "= F.sdpa"},
+    "B: mask multiplied": {"masked = 0", "= F.sdpa"},
+    "C: (B, 1, K) mask": {"runs"},
 }
 
 
@@ -189,17 +189,13 @@ def test_smoke_truth_is_measured_and_a_right_attention_passes_every_check():
 @pytest.mark.parametrize(
     "variant, wrong, fragment",
     [
-        (
-            "A: zeroed after softmax",
-            {"rows sum to 1", "masked = 0", "= F.sdpa"},
-            "predicted that it fails 'masked = 0'",
-        ),
-        ("A: zeroed after softmax", {"= F.sdpa"}, "sum to less than 1"),
-        ("A: zeroed after softmax", {"rows sum to 1", "no NaN", "= F.sdpa"}, "no -inf is ever used"),
-        ("B: float mask added", {"= F.sdpa"}, "hides nothing"),
-        ("B: float mask added", {"rows sum to 1", "masked = 0", "= F.sdpa"}, "rows sum to 1"),
-        ("C: int mask", {"masked = 0", "= F.sdpa"}, "only supports boolean masks"),
-        ("C: int mask", {"runs", "= F.sdpa"}, "not run ('-')"),
+        ("A: renormalised", {"rows sum to 1", "masked = 0", "no NaN", "= F.sdpa"}, "fails 'rows sum to 1'"),
+        ("A: renormalised", {"no NaN", "= F.sdpa"}, "0 / 0 = NaN: its masked weights are NaN"),
+        ("A: renormalised", {"masked = 0", "= F.sdpa"}, "in the output, the weights and the gradients"),
+        ("B: mask multiplied", {"= F.sdpa"}, "exp(0) = 1"),
+        ("B: mask multiplied", {"rows sum to 1", "masked = 0", "= F.sdpa"}, "rows sum to 1"),
+        ("C: (B, 1, K) mask", {"masked = 0", "= F.sdpa"}, "its B = 3 meets H = 2"),
+        ("C: (B, 1, K) mask", {"runs", "= F.sdpa"}, "not run ('-')"),
     ],
 )
 def test_each_wrong_prediction_is_named(variant, wrong, fragment):
@@ -213,7 +209,7 @@ def test_malformed_predictions_are_reported():
     from mha_tutorial.checks import check_smoke_predictions
 
     check_fails_with(check_smoke_predictions, lambda: {"A": set()}, "one entry per variant")
-    bad = {**RIGHT_PREDICTIONS, "C: int mask": {"crashes"}}
+    bad = {**RIGHT_PREDICTIONS, "C: (B, 1, K) mask": {"crashes"}}
     check_fails_with(check_smoke_predictions, lambda: bad, "set of column names")
 
 
