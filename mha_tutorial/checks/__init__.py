@@ -12,7 +12,7 @@ check is re-exported here, the same function under both names.
 """
 
 from ._common import CheckFailed, NotAttempted
-from .nb01 import check_attention_entropy, check_softmax, check_temperature_attention
+from .nb01 import check_attention_entropy, check_colleague_bugs, check_softmax, check_temperature_attention
 from .nb01a import check_jacobian_norm, check_tempered_jacobian
 from .nb02 import check_masked_softmax, check_packed_mask, check_padding_mask
 from .nb03 import (
@@ -48,6 +48,7 @@ __all__ = [
     "CheckFailed",
     "NotAttempted",
     "check_softmax",
+    "check_colleague_bugs",
     "check_temperature_attention",
     "check_attention_entropy",
     "check_packed_mask",

@@ -27,7 +27,7 @@ from ._common import (
     refusing,
 )
 
-__all__ = ["check_softmax", "check_temperature_attention", "check_attention_entropy"]
+__all__ = ["check_softmax", "check_colleague_bugs", "check_temperature_attention", "check_attention_entropy"]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -113,7 +113,53 @@ def check_softmax(my_softmax) -> None:
     passed("check_softmax", len(cases))
 
 
-# --------------------------------------------------------------------------- Exercise 2
+# --------------------------------------------------------------------------- Exercise 2a
+
+# The colleague's five lines, A to E, and which of them hold a bug.
+_COLLEAGUE_LINES = ("A", "B", "C", "D", "E")
+_COLLEAGUE_BUGS = {"A", "C", "E"}
+_NOT_A_BUG = {
+    "B": "line B is right: transpose(-2, -1) swaps only the keys' last two axes, so the scores have shape "
+    "(..., Q, K) with or without a head axis (section 2)",
+    "D": "line D is right: softmax over dim=-1 normalises each query's row over the keys (section 3)",
+}
+_HOW_TO_EXPOSE = {
+    "A": "compare its weights on our sentence (tau = 1) with section 3's weights",
+    "C": "run it at tau = 0.5 and tau = 2: a higher temperature must flatten the weights",
+    "E": "run it on 3 queries against 5 keys",
+}
+
+
+@friendly
+def check_colleague_bugs(colleague_bugs) -> None:
+    """``colleague_bugs()`` -> the set of the letters of the colleague's lines that hold a bug (Exercise 2a)."""
+    case = "colleague_bugs()"
+    named = call(colleague_bugs, case=case)
+    if isinstance(named, str) or not isinstance(named, (set, frozenset, list, tuple)):
+        raise CheckFailed(f"{case} returned {named!r}: return a set of letters, such as {{'A', 'B'}}")
+    letters = {str(x).strip().upper() for x in named}
+    unknown = sorted(letters - set(_COLLEAGUE_LINES))
+    if unknown:
+        raise CheckFailed(f"{case}: {', '.join(map(repr, unknown))} is not a line: the colleague's lines are A to E")
+    if not letters:
+        raise CheckFailed(f"{case} is empty: name the lines that hold a bug")
+    if len(letters) > len(_COLLEAGUE_BUGS):
+        raise CheckFailed(
+            f"{case}: you named {len(letters)} lines, but the colleague has {len(_COLLEAGUE_BUGS)} bugs: keep only "
+            "the lines you can show to be wrong (the hint says how)"
+        )
+    problems = [_NOT_A_BUG[x] for x in sorted(letters - _COLLEAGUE_BUGS)]
+    missed = sorted(_COLLEAGUE_BUGS - letters)
+    if missed:
+        tries = "; ".join(f"({n}) {_HOW_TO_EXPOSE[x]}" for n, x in enumerate(missed, start=1))
+        them = "it" if len(missed) == 1 else "them"
+        problems.append(f"{len(missed)} of the {len(_COLLEAGUE_BUGS)} bugs not named yet. To expose {them}: {tries}")
+    if problems:
+        raise CheckFailed(f"{case} = {sorted(letters)}: " + "; ".join(problems))
+    print("✓ check_colleague_bugs: passed: lines A, C and E hold the three bugs")
+
+
+# --------------------------------------------------------------------------- Exercise 2b
 
 
 def _weights(queries, keys, temperature, scale, dim=-1, transpose_scores=False):

@@ -168,7 +168,12 @@ def test_entropy_mistakes_are_named(fn, fragment):
 def test_checks_are_exported():
     from mha_tutorial.checks import nb01
 
-    assert set(nb01.__all__) == {"check_softmax", "check_temperature_attention", "check_attention_entropy"}
+    assert set(nb01.__all__) == {
+        "check_softmax",
+        "check_colleague_bugs",
+        "check_temperature_attention",
+        "check_attention_entropy",
+    }
     for name in nb01.__all__:
         assert callable(getattr(checks, name))
 
@@ -239,3 +244,53 @@ def test_the_colleagues_bugs_are_named_one_at_a_time(fixes, fragment):
 def test_the_colleagues_function_fixed_passes(capsys):
     checks.check_temperature_attention(colleague(fix_d=True, fix_temperature=True, fix_output=True))
     assert "✓ check_temperature_attention" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- notebook 01, exercise 2a: the bugs named
+
+
+def test_the_colleagues_bugs_named_pass(capsys):
+    checks.check_colleague_bugs(lambda: {"A", "C", "E"})
+    checks.check_colleague_bugs(lambda: ["e", "a", "c"])
+    assert capsys.readouterr().out.count("✓ check_colleague_bugs") == 2
+
+
+@pytest.mark.parametrize(
+    "answer, fragments",
+    [
+        ({"A", "B", "C"}, ["line B is right", "1 of the 3 bugs not named", "3 queries against 5 keys"]),
+        ({"A", "C", "D"}, ["line D is right", "3 queries against 5 keys"]),
+        ({"C", "E"}, ["1 of the 3 bugs not named", "section 3's weights"]),
+        ({"A"}, ["2 of the 3 bugs not named", "(1) run it at tau = 0.5", "(2) run it on 3 queries"]),
+        ({"A", "B", "C", "D", "E"}, ["you named 5 lines", "3 bugs"]),
+        (set(), ["is empty"]),
+        ({"A", "F"}, ["'F' is not a line"]),
+        ("ACE", ["return a set of letters"]),
+    ],
+)
+def test_wrong_bug_lists_are_named(answer, fragments):
+    fails_with(checks.check_colleague_bugs, lambda: answer, *fragments)
+
+
+def test_the_bugs_not_named_are_not_given_away():
+    message = fails_with(checks.check_colleague_bugs, lambda: {"A"}, "not named")
+    assert "line C" not in message and "line E" not in message
+
+
+def test_an_unwritten_bug_list_is_not_attempted(capsys):
+    def stub():
+        raise NotImplementedError("Exercise 2a: not written yet")
+
+    checks.check_colleague_bugs(stub)
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_the_named_bugs_are_the_colleagues_real_bugs():
+    """Each line the check calls a bug, fixed alone, changes the colleague's answer; the others are right."""
+    q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 6)
+    right_out, right_w = attention_right(q, k, v, 2.0)
+    assert torch.allclose(colleague(fix_d=True, fix_temperature=True, fix_output=True)(q, k, v, 2.0)[1], right_w)
+    for fixes in ({"fix_temperature": True, "fix_output": True}, {"fix_d": True, "fix_output": True}):
+        assert not torch.allclose(colleague(**fixes)(q, k, v, 2.0)[1], right_w)
+    with pytest.raises(RuntimeError):
+        colleague(fix_d=True, fix_temperature=True)(q, k, v, 2.0)
