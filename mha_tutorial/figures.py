@@ -215,3 +215,33 @@ def transformer_diagram():
     ax.text(0.4, 1.9, legend, fontsize=9, va="top")
     ax.set_title("Data flow of the encoder–decoder transformer (the dates model), shapes on the arrows")
     return fig
+
+
+def memory_rows(rows, colors, xlabel="slot", title="", size=(9, 3.6)):
+    """Rows of numbered boxes on one shared slot axis: a block of memory and the orders in which views read it.
+
+    Args:
+        rows: ``[(label, texts, groups)]`` from top to bottom; the label is written above the row, ``texts[i]``
+            in slot ``i``'s box, and ``groups[i]`` (an int) picks that box's fill from ``colors``.
+        colors: fill colours, one per group; xlabel, title, size: the slot axis' label, the title, the size in inches.
+    Returns the figure (end the cell with ``plt.show()``).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    slots = max(len(texts) for _, texts, _ in rows)
+    fig, ax = plt.subplots(figsize=size)
+    for r, (label, texts, groups) in enumerate(rows):
+        y = -1.8 * r  # the centre of row r's boxes; its label sits just above them
+        ax.text(-0.5, y + 0.6, label, ha="left", va="bottom", fontsize=9)
+        for i, (text, group) in enumerate(zip(texts, groups, strict=True)):
+            ax.add_patch(Rectangle((i - 0.47, y - 0.5), 0.94, 1.0, fc=colors[group], ec="0.3", lw=0.6))
+            ax.text(i, y, text, ha="center", va="center", fontsize=8)
+    ax.set(xlim=(-0.55, slots - 0.45), ylim=(-1.8 * (len(rows) - 1) - 0.6, 1.25), xlabel=xlabel, title=title)
+    ax.set_xticks(range(slots))
+    ax.set_yticks([])
+    ax.tick_params(length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -553,3 +553,18 @@ def test_mask_viz_hatches_masked_cells_and_names_rows():
     assert table.loc["fill -inf", "float32"] == "NaN"
     assert table.loc["fill -1e9", "float32"] == "uniform 1/4"
     assert table.loc["fill -1e9", "float16"] == "RuntimeError" and "fill -1e9" in errors
+
+
+def test_memory_rows_draws_one_box_per_slot_with_its_text_and_labels_in_readable_type():
+    rows = [("memory", ["00", "01", "10", "11"], [0, 0, 1, 1]), ("view", [0, 2, 1, 3], [0, 1, 0, 1])]
+    fig = figures.memory_rows(rows, ["#66c2a5", "#fc8d62"], xlabel="slot")
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.texts]
+    assert {"memory", "view", "00", "11", "2", "3"} <= set(texts)
+    assert len(ax.patches) == 8 and ax.get_xlabel() == "slot"
+    assert [p.get_facecolor() for p in ax.patches[4:6]] == [
+        ax.patches[0].get_facecolor(),
+        ax.patches[2].get_facecolor(),
+    ]
+    assert min(t.get_fontsize() for t in ax.texts) >= figures.MIN_TICK_PT
+    plt.close(fig)
