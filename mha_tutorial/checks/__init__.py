@@ -30,6 +30,7 @@ from .nb05 import check_decoder_mask, check_greedy_decode, check_masked_loss_and
 from .nb05a import check_load_predictions
 from .nb06 import (
     check_cell_average,
+    check_duplicate_token_score,
     check_induction_score,
     check_normalized_entropy,
     check_previous_token_score,
@@ -79,6 +80,7 @@ __all__ = [
     "check_cell_average",
     "check_previous_token_score",
     "check_induction_score",
+    "check_duplicate_token_score",
     "check_torch_head_maps",
     "check_head_importance",
     "check_pruning_order",

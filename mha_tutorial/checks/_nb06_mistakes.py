@@ -1,6 +1,6 @@
 """The typical mistakes of notebook 06's exercises, as switches of one computation each (``checks.nb06``).
 
-For each statistic -- normalised entropy, previous-token score, induction score -- a ``*_variant``
+For each statistic -- normalised entropy, previous-token, induction and duplicate-token scores -- a ``*_variant``
 function computes it with keyword switches whose defaults give the right answer, and an
 ``*_OPTIONS`` list gives, for every switch, its wrong settings and what to tell the learner who
 made that mistake. ``checks.nb06`` tries the combinations, fewest mistakes first, and names the
@@ -14,6 +14,7 @@ import math
 import torch
 
 __all__ = [
+    "DUPLICATE_OPTIONS",
     "ENTROPY_OPTIONS",
     "INDUCTION_OPTIONS",
     "PREVIOUS_OPTIONS",
@@ -117,7 +118,7 @@ ENTROPY_OPTIONS = [
 
 
 # =====================================================================================================
-# Exercise 2: previous-token score
+# Exercise 3, first half: previous-token score
 # =====================================================================================================
 def previous_variant(w, lengths, offset=-1, first=1, use_lengths=True, drop_last=False, per_example=False):
     """Mean of w[b, h, t, t + offset] over queries t = first .. len_b - 1 -> (H,); defaults: the right answer.
@@ -189,7 +190,7 @@ PREVIOUS_OPTIONS = [
 
 
 # =====================================================================================================
-# Exercise 3: induction score
+# The induction score (worked in the lesson's section 3; docs/gpu's older copy of the lesson calls its check)
 # =====================================================================================================
 def induction_variant(w, runs, key="p-n+1", first=0, last=-1, per_example=False):
     """Mean of w[b, h, p, key(p)] over queries p = n + first .. 2n + last - 1 -> (H,); defaults: the right answer."""
@@ -241,6 +242,52 @@ INDUCTION_OPTIONS = [
                 0,
                 "included query 2n - 1, the last token: its next token is not in the sequence, so there is "
                 "nothing to copy; the queries are p = n .. 2n - 2",
+            ),
+        ],
+    ),
+    (
+        "per_example",
+        [
+            (False, None),
+            (
+                True,
+                "averaged each example first and then the examples: runs of different lengths then weigh "
+                "differently; average over all counted queries at once",
+            ),
+        ],
+    ),
+]
+
+
+# Exercise 3, second half: duplicate-token score, computed by ``induction_variant`` with other right settings
+DUPLICATE_OPTIONS = [
+    (
+        "key",
+        [
+            ("p-n", None),
+            (
+                "p-n+1",
+                "read key p - n + 1, the token that *followed* the earlier copy: that is the induction score. "
+                "A duplicate-token head looks at the earlier copy of the current token itself, key p - n",
+            ),
+            ("p-1", "read key p - 1: that is the previous-token pattern; the earlier copy of token p is at p - n"),
+        ],
+    ),
+    (
+        "first",
+        [
+            (0, None),
+            (1, "started at query n + 1: query n, the first repeated token, already has its earlier copy at 0"),
+        ],
+    ),
+    (
+        "last",
+        [
+            (0, None),
+            (
+                -1,
+                "stopped at query 2n - 2, as the induction score does; but this score needs no next token, "
+                "and the last token 2n - 1 has an earlier copy too (at n - 1)",
             ),
         ],
     ),

@@ -1,4 +1,4 @@
-"""Check for notebook 06's Exercise 3: per-head maps from PyTorch's own ``nn.MultiheadAttention``.
+"""Check for notebook 06's Exercise 4: per-head maps from PyTorch's own ``nn.MultiheadAttention``.
 
 The learner's function must return what the module computes at inference, one map per head, with padded keys
 hidden. The reference is the module itself, called on a copy in eval mode; each typical mistake (heads averaged,

@@ -20,6 +20,7 @@ from ..core.attention import masked_softmax
 from ..core.masks import causal_mask, padding_mask
 from ._common import CheckFailed, call, diagnose, expect_shape, expect_tensor, friendly, passed, refusing
 from ._nb06_mistakes import (
+    DUPLICATE_OPTIONS,
     ENTROPY_OPTIONS,
     INDUCTION_OPTIONS,
     PREVIOUS_OPTIONS,
@@ -31,6 +32,7 @@ from ._nb06_torch import check_torch_head_maps
 
 __all__ = [
     "check_cell_average",
+    "check_duplicate_token_score",
     "check_induction_score",
     "check_normalized_entropy",
     "check_previous_token_score",
@@ -164,7 +166,7 @@ def check_normalized_entropy(fn) -> None:
 
 
 # =====================================================================================================
-# Exercise 2: previous-token score
+# Exercise 3, first half: previous-token score
 # =====================================================================================================
 def _previous_reference(w, lengths) -> torch.Tensor:
     """Mean of w[b, h, t, t - 1] over b and t = 1 .. lengths[b] - 1, as a plain loop -> (H,)."""
@@ -222,14 +224,17 @@ def check_previous_token_score(fn) -> None:
 
 
 # =====================================================================================================
-# Exercise 3: induction score
+# The induction score (worked in the lesson's section 3; docs/gpu's older copy of the lesson calls its check)
 # =====================================================================================================
-def _induction_reference(w, runs) -> torch.Tensor:
-    """Mean of w[b, h, p, p - n + 1] over b and p = n .. 2n - 2 (n = runs[b]), as a plain loop -> (H,)."""
+def _run_reference(w, runs, shift: int = 1, stop: int = -1) -> torch.Tensor:
+    """Mean of w[b, h, p, p - n + shift] over b and p = n .. 2n + stop - 1 (n = runs[b]), a plain loop -> (H,).
+
+    The defaults give the induction score; ``shift=0, stop=0`` the duplicate-token score.
+    """
     picked = []
     for b in range(w.shape[0]):
         n = int(runs[b])
-        picked += [w[b, :, p, p - n + 1].double() for p in range(n, 2 * n - 1)]
+        picked += [w[b, :, p, p - n + shift].double() for p in range(n, 2 * n + stop)]
     return torch.stack(picked).mean(0)
 
 
@@ -258,29 +263,50 @@ def _induction_cases():
     return _with_rng(make)
 
 
-@friendly
-def check_induction_score(fn) -> None:
-    """``fn(weights (B, H, T, T), run_lengths (B,))`` -> (H,): mean of weights[b, h, p, p - n + 1] over p = n .. 2n - 2."""
+def _second_run_check(fn, name: str, what: str, reference, options):
+    """Grade ``fn(weights, runs)`` on seeded and trained weights -> ([(layer, right scores)], trained runs)."""
     cases = _induction_cases()
     _, batch, weights = _trained_weights("induction", 200)
     runs = torch.tensor([len(seq) // 2 for (seq,) in batch.examples])
-    for name, w in weights.items():
-        cases.append((w, runs, f"the trained induction model's {name}, 200 eval examples", name))
+    for layer, w in weights.items():
+        cases.append((w, runs, f"the trained induction model's {layer}, 200 eval examples", layer))
     found = []
     for w, run_lengths, case, *layer in cases:
         B, H, T, _ = w.shape
         with refusing(_PACKAGE_SCORES):
             result = call(fn, w.clone(), run_lengths.clone(), case=case)
         actual = _per_head(result, H, B, T, case)
-        expected = _induction_reference(w, run_lengths)
+        expected = reference(w, run_lengths)
         compute = lambda **flags: induction_variant(w, run_lengths, **flags)  # noqa: B023 - used inside this iteration
-        _diagnose(actual, expected, compute, INDUCTION_OPTIONS, case, "induction score")
+        _diagnose(actual, expected, compute, options, case, what)
         if layer:
             found.append((layer[0], expected))
-    passed("check_induction_score", len(cases))
+    passed(name, len(cases))
+    return found, runs.tolist()
+
+
+@friendly
+def check_induction_score(fn) -> None:
+    """``fn(weights (B, H, T, T), run_lengths (B,))`` -> (H,): mean of weights[b, h, p, p - n + 1] over p = n .. 2n - 2."""
+    found, _ = _second_run_check(fn, "check_induction_score", "induction score", _run_reference, INDUCTION_OPTIONS)
     print("  on the trained induction model (200 eval examples, not notebook 06's importance examples):")
     for layer, scores in found:
         print(f"  {layer}: induction scores {[round(float(s), 3) for s in scores]}")
+
+
+# Exercise 3, second half: duplicate-token score (query p of the second run on its own earlier copy, key p - n)
+@friendly
+def check_duplicate_token_score(fn) -> None:
+    """``fn(weights (B, H, T, T), run_lengths (B,))`` -> (H,): mean of weights[b, h, p, p - n] over p = n .. 2n - 1."""
+    dup = lambda w, r: _run_reference(w, r, shift=0, stop=0)
+    found, runs = _second_run_check(fn, "check_duplicate_token_score", "duplicate-token score", dup, DUPLICATE_OPTIONS)
+    even = sum(1 / (p + 1) for n in runs for p in range(n, 2 * n)) / sum(runs)  # a head spread evenly over p + 1 keys
+    top = max(float(scores.max()) for _, scores in found)
+    print(f"  on the trained induction model (200 eval examples), an even spread scores {even:.3f}:")
+    for layer, scores in found:
+        print(f"  {layer}: duplicate-token scores {[round(float(s), 3) for s in scores]}")
+    verdict = "no head" if top < 0.5 else "a head"
+    print(f"  the largest is {top:.3f}: {verdict} puts at least half its weight on the earlier copy")
 
 
 # =====================================================================================================

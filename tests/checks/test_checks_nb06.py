@@ -11,6 +11,7 @@ from mha_tutorial.analysis import head_stats
 from mha_tutorial.checks import (
     CheckFailed,
     check_cell_average,
+    check_duplicate_token_score,
     check_induction_score,
     check_normalized_entropy,
     check_previous_token_score,
@@ -250,6 +251,47 @@ def test_induction_check_names_mistakes(wrong, words):
     assert words in str(info.value)
 
 
+def duplicate_right(weights, run_lengths):  # vectorised: the (B, T) rows p = n .. 2n - 1 and their keys p - n
+    B, H, T, _ = weights.shape
+    p, n = torch.arange(T)[None], run_lengths[:, None]  # (1, T), (B, 1)
+    rows = (p >= n) & (p < 2 * n)  # (B, T)
+    on = weights.gather(-1, (p - n).clamp_min(0).expand(B, T)[:, None, :, None].expand(B, H, T, 1))[..., 0]
+    return on.permute(1, 0, 2)[:, rows].mean(-1)  # (H, B, T) -> (H, N) -> (H,)
+
+
+@pytest.mark.parametrize("fn", [duplicate_right, _induction_with(key_shift=0, last=0)])
+def test_duplicate_token_check_accepts_right_answers_and_finds_no_such_head(fn, capsys):
+    check_duplicate_token_score(fn)
+    out = capsys.readouterr().out
+    assert "✓ check_duplicate_token_score: passed on 4 cases" in out
+    assert "no head puts at least half its weight on the earlier copy" in out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_induction_with(key_shift=1, last=0), "that is the induction score"),
+        (_induction_with(key_shift=0, last=-1), "stopped at query 2n - 2"),
+        (_induction_with(key_shift=0, first=1, last=0), "started at query n + 1"),
+        (_induction_with(key_shift=0, last=-1, first=1), "2 things to fix"),
+    ],
+)
+def test_duplicate_token_check_names_mistakes(wrong, words):
+    with pytest.raises(CheckFailed) as info:
+        check_duplicate_token_score(wrong)
+    assert words in str(info.value)
+
+
+def test_the_package_scores_are_refused_by_the_duplicate_token_check():
+    def via_package(w, runs):  # calls the package's offset score, then returns the right answer anyway
+        B, _, T, _ = w.shape
+        head_stats._offset_score(w, torch.ones(B, T, T, dtype=torch.bool), torch.ones(B, T, dtype=torch.bool), -1)
+        return duplicate_right(w, runs)
+
+    with pytest.raises(CheckFailed, match="head_stats._offset_score"):
+        check_duplicate_token_score(via_package)
+
+
 # ---------------------------------------------------------------- plumbing
 
 
@@ -274,7 +316,8 @@ def test_the_checks_references_agree_with_independent_code():
     torch.testing.assert_close(mistakes.previous_variant(w, lengths), previous_loops(w, lengths))
     torch.testing.assert_close(nb06._previous_reference(w, lengths), previous_loops(w, lengths))
     torch.testing.assert_close(mistakes.induction_variant(w, runs), induction_right(w, runs))
-    torch.testing.assert_close(nb06._induction_reference(w, runs), induction_right(w, runs))
+    torch.testing.assert_close(nb06._run_reference(w, runs), induction_right(w, runs))
+    torch.testing.assert_close(nb06._run_reference(w, runs, shift=0, stop=0), _induction_with(0, 0, 0)(w, runs))
     torch.testing.assert_close(mistakes.entropy_variant(w, keep), head_stats.normalized_entropy(w, keep))
     torch.testing.assert_close(mistakes.entropy_variant(w, keep), entropy_loops(w, keep).double())
 
@@ -285,6 +328,7 @@ def test_every_check_is_exported():
         "check_normalized_entropy",
         "check_previous_token_score",
         "check_induction_score",
+        "check_duplicate_token_score",
         "check_torch_head_maps",
     }
 
