@@ -2,7 +2,7 @@
 
 Exercise 1: one attention step of a chunk of Q new queries against a cache of P earlier positions, after the
 projections. The reference is causal attention over all P + Q positions at once, keeping the last Q rows; the
-package's cached attention is refused. Typical slips (the top-left ``tril()`` mask, no mask, no 1/√d, the new keys
+package's cached attention and its ``causal_mask`` are refused (the learner builds the bottom-right mask). Typical slips (the top-left ``tril()`` mask, no mask, no 1/√d, the new keys
 not appended, appending along the wrong axis) are named.
 
 Exercise 3: find the two bugs in a hand-written cached forward pass of a decoder (positions that restart at 0, a
@@ -56,6 +56,7 @@ _AXES = " (the tensors are (B, H, positions, d): the cache grows along the posit
 _REFUSED = {
     kv_cache.LayerCache.update: "the package's LayerCache (its cached attention)",
     MultiHeadAttention.forward: "the package's MultiHeadAttention (its cached attention)",
+    causal_mask: "the package's causal_mask (build the bottom-right mask yourself, e.g. with tril)",
 }
 
 
@@ -91,7 +92,7 @@ def check_chunk_step(fn) -> None:
         K = P + Q
         mistakes = [
             ("the mask is aligned top-left (tril of (Q, K)): the new queries are the *last* Q positions, so query i "
-             "sees keys up to P + i (causal_mask(Q, K) is aligned bottom-right)",
+             "sees keys up to P + i: tril(diagonal=P) of (Q, K), aligned bottom-right",
              _attend(q, k, v, torch.ones(Q, K, dtype=torch.bool).tril()) if P else None),
             ("each new query must see its own key too: the diagonal is visible (query i sees keys up to P + i, "
              "included)", _attend(q, k, v, torch.ones(Q, K, dtype=torch.bool).tril(K - Q - 1)) if K > Q or Q > 1 else None),

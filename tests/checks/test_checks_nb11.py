@@ -21,9 +21,13 @@ def _attend(q, k, v, keep):
     return torch.softmax(scores, -1) @ v
 
 
+def bottom_right(Q, K):  # (Q, K): query i sees keys 0..K - Q + i
+    return torch.ones(Q, K, dtype=torch.bool).tril(K - Q)
+
+
 def chunk_right(q, k_cache, v_cache, k_new, v_new):
     k, v = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)  # (B, H, P + Q, d)
-    return _attend(q, k, v, causal_mask(q.shape[2], k.shape[2])), k, v
+    return _attend(q, k, v, bottom_right(q.shape[2], k.shape[2])), k, v
 
 
 def chunk_with_mask(make_mask, scale=True, append=True):
@@ -47,13 +51,17 @@ def test_chunk_right_answer_passes(capsys):
     [
         (chunk_with_mask(lambda Q, K: torch.ones(Q, K, dtype=torch.bool).tril()), "aligned top-left"),
         (chunk_with_mask(lambda Q, K: None), "no causal mask"),
-        (chunk_with_mask(lambda Q, K: causal_mask(Q, K), scale=False), "not scaled"),
+        (chunk_with_mask(bottom_right, scale=False), "not scaled"),
         (chunk_with_mask(lambda Q, K: None, append=False), "its own key too"),
         (chunk_with_mask(lambda Q, K: torch.ones(Q, K, dtype=torch.bool).tril(K - Q - 1)), "its own key too"),
     ],
 )
 def test_chunk_mistakes_are_named(fn, fragment):
     fails_with(checks.check_chunk_step, fn, fragment)
+
+
+def test_chunk_refuses_the_package_mask():
+    fails_with(checks.check_chunk_step, chunk_with_mask(causal_mask), "causal_mask")
 
 
 def test_chunk_swapped_cache_is_named():
