@@ -12,7 +12,7 @@ check is re-exported here, the same function under both names.
 """
 
 from ._common import CheckFailed, NotAttempted
-from .nb01 import check_attention_entropy, check_colleague_bugs, check_softmax, check_temperature_attention
+from .nb01 import check_attention_entropy, check_colleague_bugs, check_entropy_limits, check_softmax
 from .nb01a import check_jacobian_norm, check_tempered_jacobian
 from .nb02 import check_masked_softmax, check_packed_mask, check_padding_mask
 from .nb03 import (
@@ -50,8 +50,8 @@ __all__ = [
     "NotAttempted",
     "check_softmax",
     "check_colleague_bugs",
-    "check_temperature_attention",
     "check_attention_entropy",
+    "check_entropy_limits",
     "check_packed_mask",
     "check_padding_mask",
     "check_masked_softmax",

@@ -3,7 +3,8 @@
 Each check runs the learner's function on a few small seeded cases, compares
 with the package (or ``torch.softmax``), and when the answer is wrong tries a
 list of typical mistakes: if the wrong answer matches one of them, the
-failure message names it.
+failure message names it. Exercise 2 judges a set of letters, and Exercise 4 a
+prediction made from the scores alone.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import torch
 from torch.nn import functional as F
 
 from ..core import attention
-from ..core.attention import scaled_dot_product_attention
 from ._common import (
     CheckFailed,
     call,
     diagnose,
-    expect_finite,
     expect_shape,
     expect_tensor,
     friendly,
@@ -27,7 +26,7 @@ from ._common import (
     refusing,
 )
 
-__all__ = ["check_softmax", "check_colleague_bugs", "check_temperature_attention", "check_attention_entropy"]
+__all__ = ["check_softmax", "check_colleague_bugs", "check_attention_entropy", "check_entropy_limits"]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -47,8 +46,6 @@ _PACKAGE_SOFTMAX = {
     F.softmax: "F.softmax",
 }
 _TORCH_SOFTMAX = {"softmax": "torch.softmax (or Tensor.softmax)", "_softmax": "torch._softmax"}
-_PACKAGE_ATTENTION = {scaled_dot_product_attention: "mha_tutorial.scaled_dot_product_attention"}
-_TORCH_ATTENTION = {"scaled_dot_product_attention": "F.scaled_dot_product_attention"}
 
 
 @friendly
@@ -113,7 +110,7 @@ def check_softmax(my_softmax) -> None:
     passed("check_softmax", len(cases))
 
 
-# --------------------------------------------------------------------------- Exercise 2a
+# --------------------------------------------------------------------------- Exercise 2
 
 # The colleague's five lines, A to E, and which of them hold a bug.
 _COLLEAGUE_LINES = ("A", "B", "C", "D", "E")
@@ -131,7 +128,7 @@ _EXPERIMENTS = (
 
 @friendly
 def check_colleague_bugs(colleague_bugs) -> None:
-    """``colleague_bugs()`` -> the set of the letters of the colleague's lines that hold a bug (Exercise 2a).
+    """``colleague_bugs()`` -> the set of the letters of the colleague's lines that hold a bug (Exercise 2).
 
     A wrong answer is told whether every line it names is a bug and, only then, how many remain: never which named
     line is right, since with five lines and three bugs that would give the others away by elimination.
@@ -163,116 +160,6 @@ def check_colleague_bugs(colleague_bugs) -> None:
             f"{'bug is' if missed == 1 else 'bugs are'} still to find: {_EXPERIMENTS}"
         )
     print(f"✓ check_colleague_bugs: passed: lines A, C and E hold the three bugs; {_NOT_A_BUG}")
-
-
-# --------------------------------------------------------------------------- Exercise 2b
-
-
-def _weights(queries, keys, temperature, scale, dim=-1, transpose_scores=False):
-    scores = queries @ keys.transpose(-2, -1) * scale / temperature
-    if transpose_scores:
-        scores = keys @ queries.transpose(-2, -1) * scale / temperature
-    return F.softmax(scores, dim=dim)
-
-
-# (description, (B, Q, K, d, value size), temperature, seed); "4-D" in the description adds a head axis of 2
-_ATTENTION_CASES = [
-    ("3-D inputs, 4 queries and 4 keys, temperature 1", (2, 4, 4, 8, 5), 1.0, 11),
-    ("3-D inputs, 4 queries and 4 keys, temperature 0.5", (2, 4, 4, 9, 3), 0.5, 12),
-    ("3-D inputs, 3 queries and 4 keys, temperature 1", (2, 3, 4, 8, 5), 1.0, 10),
-    ("3-D inputs, 3 queries and 5 keys, temperature 3", (1, 3, 5, 4, 2), 3.0, 13),
-    ("4-D inputs with a head axis (2, 2, 3, 4, d=8), temperature 2", (2, 3, 4, 8, 5), 2.0, 14),
-]
-
-_TRANSPOSE_HINT = (
-    "\nHint: scores = queries @ keys.transpose(-2, -1) has shape (..., Q, K); transposing the last two axes "
-    "(not keys.T, which reverses every axis, nor transpose(1, 2), which breaks once a head axis is added) "
-    "works for 3-D and 4-D inputs."
-)
-
-
-def _expect_pair(result, case: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The learner's (output, weights), each a tensor."""
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise CheckFailed(f"{case}: return a pair (output, weights), got {type(result).__name__}")
-    output, weights = (expect_tensor(x, case) for x in result)
-    return output, weights
-
-
-def _expect_weights_shape(weights: torch.Tensor, shape: tuple, case: str) -> None:
-    """``shape`` is (..., Q, K); a (..., K, Q) answer is named as the transposed scores."""
-    if tuple(weights.shape) != shape:
-        if tuple(weights.shape) == (*shape[:-2], shape[-1], shape[-2]):
-            raise CheckFailed(
-                f"{case}: weights have shape {tuple(weights.shape)} = (..., K, Q), expected (..., Q, K): "
-                "the scores are Q @ K^T (one row per query), not K @ Q^T"
-            )
-        expect_shape(weights, shape, case + " (weights, one row per query)")
-
-
-def _weights_mistakes(queries, keys, temperature, d):
-    """(message, the weights that mistake gives) for the usual ways to get the weights wrong."""
-    r = 1.0 / math.sqrt(d)
-    return [
-        (
-            "forgot the 1/sqrt(d) scale: the weights equal softmax(Q K^T / tau), tau the temperature",
-            _weights(queries, keys, temperature, 1.0),
-        ),
-        ("divided by d instead of sqrt(d)", _weights(queries, keys, temperature, 1.0 / d)),
-        ("multiplied by sqrt(d) instead of dividing by it", _weights(queries, keys, temperature, math.sqrt(d))),
-        *(
-            (
-                f"the scale used the wrong size, queries.shape[{axis}] = {queries.shape[axis]} (a count of queries "
-                f"or heads): d is the length of one query vector, queries.shape[-1] = {d}",
-                _weights(queries, keys, temperature, 1.0 / math.sqrt(queries.shape[axis])),
-            )
-            for axis in (1, -2)
-        ),
-        (
-            "multiplied by the temperature instead of dividing by it: a high temperature must flatten the weights",
-            _weights(queries, keys, 1.0 / temperature, r) if temperature != 1 else None,
-        ),
-        (
-            "the temperature is ignored: the weights are those of temperature 1",
-            _weights(queries, keys, 1.0, r) if temperature != 1 else None,
-        ),
-        (
-            "softmax over the wrong axis: you normalised over the queries (dim=-2); it must be over the keys "
-            "(dim=-1), so that each query's weights sum to 1",
-            _weights(queries, keys, temperature, r, dim=-2),
-        ),
-        (
-            "wrong transposition: the weights are softmax(K Q^T) (one row per key); the scores are "
-            "Q @ K^T, one row per query",
-            _weights(queries, keys, temperature, r, transpose_scores=True),
-        ),
-    ]
-
-
-@friendly
-def check_temperature_attention(my_attention) -> None:
-    """``my_attention(queries, keys, values, temperature)`` -> (output, weights), softmax(Q K^T / (tau sqrt d)) V."""
-    for case, (B, Q, K, d, v), temperature, seed in _ATTENTION_CASES:
-        lead = (B, 2) if "4-D" in case else (B,)
-        queries = _randn(*lead, Q, d, seed=seed)
-        keys = _randn(*lead, K, d, seed=seed + 100)
-        values = _randn(*lead, K, v, seed=seed + 200)
-        with refusing(_PACKAGE_ATTENTION, _TORCH_ATTENTION):
-            result = call(my_attention, queries, keys, values, temperature, case=case, hint=_TRANSPOSE_HINT)
-        output, weights = _expect_pair(result, case)
-        ref_out, ref_w = scaled_dot_product_attention(queries / temperature, keys, values)
-        _expect_weights_shape(weights, (*lead, Q, K), case)
-        expect_finite(weights, case)
-        diagnose(weights, ref_w, _weights_mistakes(queries, keys, temperature, d), case + " (weights)")
-        expect_shape(output, (*lead, Q, v), case + " (output)")
-        out_mistakes = [
-            (
-                "the output uses the transposed weights (weights^T @ values); it must be weights @ values",
-                ref_w.transpose(-2, -1) @ values if Q == K else None,
-            ),
-        ]
-        diagnose(output, ref_out, out_mistakes, case + " (output)")
-    passed("check_temperature_attention", len(_ATTENTION_CASES))
 
 
 # --------------------------------------------------------------------------- Exercise 3
@@ -324,3 +211,99 @@ def check_attention_entropy(attention_entropy) -> None:
         ]
         diagnose(out, expected, mistakes, case, atol=1e-4)
     passed("check_attention_entropy", len(cases))
+
+
+# --------------------------------------------------------------------------- Exercise 4: predict before computing
+
+# (description, scores (..., Q, K)): exact ties, and as many keys as queries only where it cannot hide log Q
+_LIMIT_CASES = [
+    (
+        "integer scores, 3 queries and 5 keys, shape (1, 3, 5)",
+        torch.tensor([[[2.0, 2.0, 0.0, 1.0, 0.0], [3.0, 3.0, 3.0, 3.0, 0.0], [0.0, 4.0, 1.0, 2.0, 3.0]]]),
+    ),
+    ("random integer scores with a head axis, shape (2, 2, 4, 6)", torch.randint(0, 3, (2, 2, 4, 6), generator=_gen(30)).float()),
+    (
+        "negative and fractional scores, shape (1, 4, 5)",
+        torch.tensor(
+            [[[-1.5, -1.5, -2.0, -3.0, -1.75], [0.5, 0.25, 0.5, 0.5, -1.0], [-0.75, 1.25, 1.0, -2.0, 0.0],
+              [2.5, 2.5, 2.5, 2.5, -2.5]]]
+        ),
+    ),
+]  # fmt: skip
+_COMPUTES_WEIGHTS = "predict the two limits from the scores alone, without running a softmax at an extreme tau"
+
+
+def _tied_best(scores: torch.Tensor) -> torch.Tensor:
+    """(..., Q, K) -> (..., Q): how many keys share each query's largest score."""
+    return (scores == scores.amax(dim=-1, keepdim=True)).sum(dim=-1).double()
+
+
+def _limit_slips(scores: torch.Tensor, right: tuple[float, float]):
+    """(message, (low, high) that mistake gives) for the usual wrong predictions; None stands for "either"."""
+    ties, (Q, K), ln2 = _tied_best(scores), scores.shape[-2:], math.log(2)
+    return [
+        ("the two limits are swapped: return (the limit as tau -> 0, the limit as tau -> infinity)", right[::-1]),
+        ("used log base 2 (bits); the entropy here is in nats, the natural log", (right[0] / ln2, right[1] / ln2)),
+        (
+            "as tau -> 0 the weights are not always one-hot: keys that tie for a query's largest score keep equal "
+            "weights, so count the tied best keys of each row",
+            (0.0, None),
+        ),
+        ("as tau -> 0, n tied keys get 1/n each, and the entropy of that is log n, not n", (ties.mean().item(), None)),
+        (
+            "as tau -> 0 you took the log of the mean number of tied keys: take each query's entropy log n, then "
+            "average those",
+            (ties.mean().log().item(), None),
+        ),
+        (
+            "as tau -> 0 you summed the queries' entropies: the mean entropy per query divides by the number of "
+            "queries",
+            (ties.log().sum().item(), None),
+        ),
+        (
+            f"as tau -> infinity the weights become uniform over the {K} keys, not over the {Q} queries: log K",
+            (None, math.log(Q)),
+        ),
+        (f"as tau -> infinity every weight is 1/K; the entropy of {K} equal weights is log K", (None, 1.0 / K)),
+        (f"as tau -> infinity the entropy of {K} equal weights is log K, not K", (None, float(K))),
+    ]
+
+
+def _as_number(x, scores: torch.Tensor, which: str, case: str) -> float:
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(scores.shape[:-1]):
+        raise CheckFailed(
+            f"{case}: {which} has one entropy per query, shape {tuple(x.shape)}: return their mean over every query "
+            "(and every batch element and head), one number"
+        )
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise CheckFailed(f"{case}: {which} is {x!r}: return a number")
+    return float(x)
+
+
+@friendly
+def check_entropy_limits(entropy_limits) -> None:
+    """``entropy_limits(scores)`` -> (low, high): the mean entropy per query (nats) of softmax(scores / tau) as
+    tau -> 0 and as tau -> infinity, predicted from the scores alone (softmax and exp are refused)."""
+    for case, scores in _LIMIT_CASES:
+        try:
+            with refusing(_PACKAGE_SOFTMAX, {**_TORCH_SOFTMAX, "exp": "exp", "exp_": "exp_"}):
+                result = call(entropy_limits, scores.clone(), case=case)
+        except CheckFailed as e:
+            if "the exercise is to write" not in str(e):
+                raise
+            raise CheckFailed(f"{case}: {str(e).split(': the exercise')[0]}: {_COMPUTES_WEIGHTS}") from None
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise CheckFailed(f"{case}: return a pair (low, high), the limits as tau -> 0 and tau -> infinity")
+        got = tuple(_as_number(x, scores, w, case) for x, w in zip(result, ("low", "high"), strict=True))
+        right = (_tied_best(scores).log().mean().item(), math.log(scores.shape[-1]))
+        if all(abs(g - r) < 1e-4 for g, r in zip(got, right, strict=True)):
+            continue
+        for message, slip in _limit_slips(scores, right):
+            if all(s is None or abs(g - s) < 1e-4 for g, s in zip(got, slip, strict=True)):
+                raise CheckFailed(f"{case}: {message}")
+        raise CheckFailed(
+            f"{case}: got (low, high) = ({got[0]:.4f}, {got[1]:.4f}), expected ({right[0]:.4f}, {right[1]:.4f})"
+        )
+    passed("check_entropy_limits", len(_LIMIT_CASES))

@@ -80,7 +80,7 @@ def test_softmax_inplace_is_named():
     fails_with(checks.check_softmax, inplace, "in place")
 
 
-# --------------------------------------------------------------------------- notebook 01, exercise 2: attention
+# --------------------------------------------------------------------------- notebook 01, exercise 2: the colleague
 
 
 def attention_right(queries, keys, values, temperature=1.0):
@@ -88,58 +88,6 @@ def attention_right(queries, keys, values, temperature=1.0):
     scores = queries @ keys.transpose(-2, -1) / (math.sqrt(d) * temperature)
     weights = torch.softmax(scores, dim=-1)
     return weights @ values, weights
-
-
-def make_attention(scale=None, dim=-1, temperature_mode="divide", transpose="last2", out="weights@values"):
-    def fn(queries, keys, values, temperature=1.0):
-        d = queries.shape[-1]
-        s = 1 / math.sqrt(d) if scale is None else scale(d)
-        kt = keys.transpose(-2, -1) if transpose == "last2" else keys.transpose(1, 2)
-        scores = queries @ kt * s
-        if transpose == "KQ":
-            scores = keys @ queries.transpose(-2, -1) * s
-        scores = {"divide": scores / temperature, "multiply": scores * temperature, "ignore": scores}[temperature_mode]
-        weights = torch.softmax(scores, dim=dim)
-        output = weights @ values if out == "weights@values" else weights.transpose(-2, -1) @ values
-        return output, weights
-
-    return fn
-
-
-def test_attention_right_answer_passes(capsys):
-    checks.check_temperature_attention(attention_right)
-    assert "✓ check_temperature_attention" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    "fn, fragment",
-    [
-        (make_attention(scale=lambda d: 1.0), "forgot the 1/sqrt(d) scale"),
-        (make_attention(scale=lambda d: 1.0 / d), "divided by d instead of sqrt(d)"),
-        (make_attention(scale=lambda d: math.sqrt(d)), "multiplied by sqrt(d)"),
-        (make_attention(dim=-2), "softmax over the wrong axis"),
-        (make_attention(temperature_mode="multiply"), "multiplied by the temperature"),
-        (make_attention(temperature_mode="ignore"), "temperature is ignored"),
-        (make_attention(transpose="KQ"), "K Q^T"),
-        (make_attention(transpose="1,2"), "transpose(1, 2)"),
-        (make_attention(out="weights^T@values"), "transposed weights"),
-        (lambda q, k, v, t=1.0: attention_right(q, k, v, t)[0], "return a pair"),
-    ],
-)
-def test_attention_mistakes_are_named(fn, fragment):
-    fails_with(checks.check_temperature_attention, fn, fragment)
-
-
-def test_attention_keys_dot_T_is_reported():
-    def with_T(queries, keys, values, temperature=1.0):
-        weights = torch.softmax(queries @ keys.T / (math.sqrt(queries.shape[-1]) * temperature), dim=-1)
-        return weights @ values, weights
-
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fails_with(checks.check_temperature_attention, with_T, "keys.T")
 
 
 # --------------------------------------------------------------------------- notebook 01, exercise 3: entropy
@@ -171,8 +119,8 @@ def test_checks_are_exported():
     assert set(nb01.__all__) == {
         "check_softmax",
         "check_colleague_bugs",
-        "check_temperature_attention",
         "check_attention_entropy",
+        "check_entropy_limits",
     }
     for name in nb01.__all__:
         assert callable(getattr(checks, name))
@@ -184,34 +132,9 @@ def test_reference_softmax_is_F_softmax():
     assert torch.allclose(softmax_right(s), F.softmax(s, dim=-1))
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        lambda q, k, v, t=1.0: mha_tutorial.scaled_dot_product_attention(q / t, k, v),
-        lambda q, k, v, t=1.0: (F.scaled_dot_product_attention(q / t, k, v), None),
-    ],
-)
-def test_temperature_attention_refuses_the_package(fn):
-    fails_with(checks.check_temperature_attention, fn, "scaled_dot_product_attention", "write that step yourself")
-
-
 def test_entropy_nan_message_does_not_give_the_answer():
     message = fails_with(checks.check_attention_entropy, lambda w: -(w * w.log()).sum(dim=-1), "NaN")
     assert "xlogy" not in message
-
-
-def attention_d_from(axis):
-    def fn(queries, keys, values, temperature=1.0):
-        d = queries.shape[axis]
-        weights = torch.softmax(queries @ keys.transpose(-2, -1) / (math.sqrt(d) * temperature), dim=-1)
-        return weights @ values, weights
-
-    return fn
-
-
-@pytest.mark.parametrize("axis", [1, -2])
-def test_attention_scale_from_the_wrong_axis_is_named(axis):
-    fails_with(checks.check_temperature_attention, attention_d_from(axis), "wrong size", "queries.shape[-1]")
 
 
 def colleague(fix_d=False, fix_temperature=False, fix_output=False):
@@ -227,26 +150,7 @@ def colleague(fix_d=False, fix_temperature=False, fix_output=False):
     return fn
 
 
-@pytest.mark.parametrize(
-    "fixes, fragment",
-    [
-        ({}, "wrong size"),
-        ({"fix_d": True}, "transposed weights"),
-        ({"fix_d": True, "fix_output": True}, "multiplied by the temperature"),
-        ({"fix_d": True, "fix_temperature": True}, "transposed weights"),
-        ({"fix_output": True, "fix_temperature": True}, "wrong size"),
-    ],
-)
-def test_the_colleagues_bugs_are_named_one_at_a_time(fixes, fragment):
-    fails_with(checks.check_temperature_attention, colleague(**fixes), fragment)
-
-
-def test_the_colleagues_function_fixed_passes(capsys):
-    checks.check_temperature_attention(colleague(fix_d=True, fix_temperature=True, fix_output=True))
-    assert "✓ check_temperature_attention" in capsys.readouterr().out
-
-
-# --------------------------------------------------------------------------- notebook 01, exercise 2a: the bugs named
+# --------------------------------------------------------------------------- notebook 01, exercise 2: the bugs named
 
 
 def test_the_colleagues_bugs_named_pass(capsys):
@@ -290,7 +194,7 @@ def test_two_wrong_answers_with_the_same_size_get_the_same_message():
 
 def test_an_unwritten_bug_list_is_not_attempted(capsys):
     def stub():
-        raise NotImplementedError("Exercise 2a: not written yet")
+        raise NotImplementedError("Exercise 2: not written yet")
 
     checks.check_colleague_bugs(stub)
     assert "not attempted yet" in capsys.readouterr().out
@@ -305,3 +209,67 @@ def test_the_named_bugs_are_the_colleagues_real_bugs():
         assert not torch.allclose(colleague(**fixes)(q, k, v, 2.0)[1], right_w)
     with pytest.raises(RuntimeError):
         colleague(fix_d=True, fix_temperature=True)(q, k, v, 2.0)
+
+
+# --------------------------------------------------------------------------- notebook 01, exercise 4: entropy limits
+
+
+def limits_right(scores):
+    ties = (scores == scores.amax(dim=-1, keepdim=True)).sum(dim=-1)  # (..., Q): tied best keys
+    return ties.double().log().mean().item(), math.log(scores.shape[-1])
+
+
+def limits_by_brute_force(scores, tau):
+    """What the prediction must match: the mean entropy of softmax(scores / tau) at an extreme tau."""
+    w = torch.softmax(scores.double() / tau, dim=-1)
+    return -torch.xlogy(w, w).sum(dim=-1).mean().item()
+
+
+def test_entropy_limits_right_answers_pass(capsys):
+    checks.check_entropy_limits(limits_right)
+    checks.check_entropy_limits(lambda s: [torch.tensor(x) for x in limits_right(s)])
+    assert capsys.readouterr().out.count("✓ check_entropy_limits") == 2
+
+
+def test_entropy_limits_are_the_brute_force_limits():
+    from mha_tutorial.checks import nb01
+
+    for _, scores in nb01._LIMIT_CASES:
+        low, high = limits_right(scores)
+        assert abs(limits_by_brute_force(scores, 1e-3) - low) < 1e-6
+        assert abs(limits_by_brute_force(scores, 1e6) - high) < 1e-6
+
+
+def _ties(s):
+    return (s == s.amax(dim=-1, keepdim=True)).sum(dim=-1).double()
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda s: limits_right(s)[::-1], "swapped"),
+        (lambda s: tuple(x / math.log(2) for x in limits_right(s)), "base 2"),
+        (lambda s: (0.0, math.log(s.shape[-1])), "tied best keys"),
+        (lambda s: (_ties(s).mean().item(), math.log(s.shape[-1])), "log n, not n"),
+        (lambda s: (_ties(s).mean().log().item(), math.log(s.shape[-1])), "log of the mean"),
+        (lambda s: (_ties(s).log().sum().item(), math.log(s.shape[-1])), "summed the queries"),
+        (lambda s: (_ties(s).log(), math.log(s.shape[-1])), "one entropy per query"),
+        (lambda s: (limits_right(s)[0], math.log(s.shape[-2])), "not over the 3 queries"),
+        (lambda s: (limits_right(s)[0], 1 / s.shape[-1]), "every weight is 1/K"),
+        (lambda s: (limits_right(s)[0], float(s.shape[-1])), "log K, not K"),
+        (lambda s: (limits_by_brute_force(s, 1e-3), math.log(s.shape[-1])), "without running a softmax"),
+        (lambda s: (0.5, 1.0), "expected"),
+        (lambda s: limits_right(s)[0], "return a pair"),
+    ],
+)
+def test_entropy_limit_mistakes_are_named(fn, fragment):
+    fails_with(checks.check_entropy_limits, fn, fragment)
+
+
+def test_entropy_limits_refuse_exp():
+    def by_exp(s):
+        w = (s / 1e-3 - (s / 1e-3).amax(dim=-1, keepdim=True)).exp()
+        w = w / w.sum(dim=-1, keepdim=True)
+        return -torch.xlogy(w, w).sum(dim=-1).mean().item(), math.log(s.shape[-1])
+
+    fails_with(checks.check_entropy_limits, by_exp, "exp", "from the scores alone")
