@@ -47,6 +47,7 @@ __all__ = [  # and the constants INSTALL_COMMAND, GGUF_SHA256, GGUF_NAME
     "read_config",
     "read_state_dict",
     "smollm_generate",
+    "tensors_matching_file",
     "unpermute_rows",
     "verify_gguf",
 ]
@@ -225,6 +226,35 @@ def load_smollm(device=None, path=None) -> LlamaDecoder:
     if config.tie_embeddings:
         model.head.weight = model.embedding.weight  # assign made two Parameters: one again, as LlamaDecoder ties
     return model.to(device).eval()
+
+
+def tensors_matching_file(model: LlamaDecoder, path=None) -> tuple[int, int]:
+    """(how many of the file's tensors equal ``model``'s weights, how many tensors the file holds), by code not ours.
+
+    Each weight's tensor is found from its transformers name by llama.cpp's name table (the gguf library), and the
+    rows of W_q and W_k are reordered by transformers' own GGUF loader (``TENSOR_PROCESSORS``): neither
+    ``checkpoint_names`` nor ``unpermute_rows`` is used. The tied output head is the embedding, counted once.
+    Needs transformers (the ``compare`` extra).
+    """
+    from gguf import MODEL_ARCH, get_tensor_name_map
+    from gguf.quants import dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+
+    from .llama_hf import transformers_names
+
+    c = model.config
+    tensors = {t.name: t for t in _reader(path).tensors}
+    file_names = get_tensor_name_map(MODEL_ARCH.LLAMA, c.num_layers)  # transformers' names -> the file's
+    reorder = TENSOR_PROCESSORS["llama"](
+        config={"num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads}
+    )
+    weights = model.state_dict()
+    equal = 0
+    for ours, theirs in transformers_names(c.num_layers).items():
+        tensor = tensors[file_names.get_name(theirs, try_suffixes=(".weight",))]
+        file_weight = reorder.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
+        equal += torch.equal(weights[ours].cpu(), torch.from_numpy(np.array(file_weight, dtype=np.float32)))
+    return equal, len(tensors)
 
 
 @functools.lru_cache(maxsize=2)

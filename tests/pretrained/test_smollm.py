@@ -13,6 +13,7 @@ float32 to ATOL (they are of order 10; the largest difference measured is printe
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib.util
 import shutil
@@ -287,6 +288,16 @@ def test_weight_names_cover_the_file_exactly():
     with torch.device("meta"):
         model = LlamaDecoder(config)
     assert set(names.values()) | {"head.weight"} == set(model.state_dict())
+
+
+def test_every_tensor_of_the_file_matches_as_transformers_reads_it(ours):
+    pytest.importorskip("transformers")
+    assert smollm.tensors_matching_file(ours) == (272, 272)  # 30 layers x 9 tensors, the embedding, the final norm
+    changed = copy.deepcopy(ours)
+    with torch.no_grad():
+        changed.layers[7].self_attn.W_k.weight[0, 0] += 1e-3  # one number of one tensor
+        changed.layers[2].self_attn.W_q.weight.copy_(smollm.unpermute_rows(changed.layers[2].self_attn.W_q.weight, 9))
+    assert smollm.tensors_matching_file(changed) == (270, 272)
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------------
