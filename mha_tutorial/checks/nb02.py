@@ -306,6 +306,22 @@ def _expect_padding_zero(actual_f, scores, valid_lens, keep, case: str) -> None:
         raise CheckFailed(f"{case}: a masked (padded) key got a non-zero weight; masked keys must get exactly 0")
 
 
+def _expect_no_key_missing(actual_f, scores, valid_lens, case: str) -> None:
+    """Name the off-by-one that hides the last visible key (positions counted from 1, compared with <)."""
+    lens = valid_lens[:, None, None] if valid_lens.dim() == 1 else valid_lens[..., None]
+    fewer = (torch.arange(scores.shape[-1]) < lens - 1).expand(scores.shape)  # (B, Q, K)
+    rows = fewer.any(dim=-1)  # (B, Q): rows that still see a key under the mistake
+    if not rows.any():
+        return
+    one_short = masked_softmax(scores.float(), mask=fewer)
+    if torch.allclose(actual_f[rows], one_short[rows], atol=2e-3):
+        raise CheckFailed(
+            f"{case}: off-by-one, one key too few: the last visible key got weight 0. Keys are counted from 0, "
+            "so the first valid_len keys are j = 0, ..., valid_len - 1: key j is visible when j < valid_len "
+            "(positions 1..K compared with < valid_len leave one out)"
+        )
+
+
 def _check_gradient(my_masked_softmax) -> None:
     """The gradient must be finite too: a NaN gradient poisons every parameter in one optimiser step."""
     case = "gradient through a fully-masked row (float32, valid_lens [0, 2])"
@@ -352,6 +368,8 @@ def check_masked_softmax(my_masked_softmax) -> None:
         _expect_empty_rows_zero(actual_f, scores, keep, case)
         _expect_padding_zero(actual_f, scores, valid_lens, keep, case)
         tol = 1e-5 if scores.dtype == torch.float32 else 1e-2
+        if not torch.allclose(actual_f, expected.float(), atol=tol, rtol=tol):
+            _expect_no_key_missing(actual_f, scores, valid_lens, case)
         expect_close(actual_f, expected.float(), case, atol=tol, rtol=tol)
     _check_gradient(my_masked_softmax)
     passed("check_masked_softmax", len(cases) + 1)

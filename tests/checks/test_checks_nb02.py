@@ -171,6 +171,33 @@ def off_by_one(scores, valid_lens):
     return _zeroed_softmax(scores, torch.arange(scores.shape[-1]) <= lens[..., None])
 
 
+def one_key_too_few(scores, valid_lens):
+    lens = valid_lens[:, None] if valid_lens.dim() == 1 else valid_lens
+    return _zeroed_softmax(scores, torch.arange(1, scores.shape[-1] + 1) < lens[..., None])
+
+
+def colleague(scores, valid_lens):
+    # notebook 02, Exercise 2: the colleague's masked softmax, verbatim
+    positions = torch.arange(1, scores.shape[-1] + 1, device=scores.device)  # (K,)
+    keep = positions < valid_lens[:, None, None]  # (B, 1, K)
+    return torch.softmax(scores.masked_fill(~keep, -1e9), dim=-1)  # (B, Q, K)
+
+
+def test_each_bug_of_the_colleague_shows_on_its_code_as_given():
+    # Exercise 2 says each of the four bugs shows on the code exactly as written: none hides behind another
+    zeros = torch.zeros(1, 1, 4)
+    assert colleague(zeros, torch.tensor([2]))[0, 0].tolist() == [1.0, 0.0, 0.0, 0.0]  # one key too few
+    assert torch.allclose(colleague(zeros, torch.tensor([0])), torch.full((1, 1, 4), 0.25))  # uniform, not zeros
+    with pytest.raises(RuntimeError):  # (B, Q) lengths with Q != K
+        colleague(torch.zeros(2, 3, 4), torch.tensor([[1, 2, 3], [0, 4, 2]]))
+    with pytest.raises(RuntimeError, match="Half"):  # -1e9 does not fit float16
+        colleague(zeros.half(), torch.tensor([2]))
+
+
+def test_the_colleagues_code_fails_the_check_on_its_first_bug():
+    fails_with(checks.check_masked_softmax, colleague, "one key too few")
+
+
 def additive_inf_where(scores, valid_lens):
     keep = _keep(scores, valid_lens)
     additive = torch.zeros(keep.shape, dtype=scores.dtype).masked_fill(~keep, float("-inf"))
@@ -212,6 +239,7 @@ def two_none_axes_always(scores, valid_lens):
         (minus_1e9_then_zero, "float16"),
         (inverted, "convention inverted"),
         (off_by_one, "off-by-one"),
+        (one_key_too_few, "one key too few"),
         (additive_inf_where, "*added* to the scores"),
         (small_negative_fill, "non-zero weight"),
         (upcasts, "keep the dtype"),
