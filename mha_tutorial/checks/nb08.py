@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.nn import functional as F
 
 from ..core.attention import masked_softmax, scaled_dot_product_attention
 from ..core.masks import padding_mask
@@ -31,6 +30,7 @@ from ._common import (
     passed,
     refusing,
 )
+from .nb08_smoke import SMOKE_COLUMNS, real_keys, smoke_failures
 
 __all__ = ["check_fixed_attention", "check_smoke_predictions"]
 
@@ -243,25 +243,19 @@ def _expect_finite_gradients(output, leaves, case: str) -> None:
         )
 
 
-# Exercise 2: predict which checks of section 12's smoke test three new buggy variants fail. The check runs its
-# own copy of the smoke test on its own copy of the variants, so the truth is measured, not stored.
-SMOKE_COLUMNS = ["runs", "rows sum to 1", "masked = 0", "no NaN", "= F.sdpa"]
-
-
-def _real_keys(valid_lens, num_keys):
-    return (torch.arange(num_keys) < valid_lens[:, None])[:, None, None]  # (B, 1, 1, K): True = real key
-
-
+# Exercise 2: predict which checks of section 12's smoke test three new buggy variants fail. The check runs
+# the package's copy of the smoke test (nb08_smoke) on its own copy of the variants, so the truth is measured, not
+# stored.
 def _renormalised(q, k, v, valid_lens):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
-    weights = scores.softmax(dim=-1).masked_fill(~_real_keys(valid_lens, k.shape[-2]), 0.0)  # padded keys set to 0
+    weights = scores.softmax(dim=-1).masked_fill(~real_keys(valid_lens, k.shape[-2]), 0.0)  # padded keys set to 0
     weights = weights / weights.sum(-1, keepdim=True)  # each row divided by its sum: 0 / 0 on an empty row
     return weights @ v, weights
 
 
 def _mask_multiplied(q, k, v, valid_lens):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, K)
-    weights = (scores * _real_keys(valid_lens, k.shape[-2])).softmax(dim=-1)  # padded scores set to 0, not hidden
+    weights = (scores * real_keys(valid_lens, k.shape[-2])).softmax(dim=-1)  # padded scores set to 0, not hidden
     return weights @ v, weights
 
 
@@ -307,27 +301,6 @@ _WHY = {
         "= F.sdpa": _NOT_RUN,
     },
 }
-
-
-def smoke_failures(fn) -> set:
-    """The checks of notebook 08's smoke test that ``fn(q, k, v, valid_lens)`` fails ('runs' alone if it raises)."""
-    g = torch.Generator().manual_seed(0)
-    B, H, Q, K, d = 3, 2, 4, 5, 8  # B != Q, H > 1
-    q, k, v = (torch.randn(B, H, n, d, generator=g).requires_grad_() for n in (Q, K, K))  # (B, H, n, d)
-    valid_lens = torch.tensor([5, 2, 0])  # (B,): unequal lengths, one empty sequence
-    keep = _real_keys(valid_lens, K).expand(B, H, Q, K)  # (B, H, Q, K)
-    try:
-        out, w = fn(q, k, v, valid_lens)
-    except (RuntimeError, ValueError):
-        return {"runs"}
-    out.pow(2).sum().backward()
-    passes = {
-        "rows sum to 1": torch.allclose(w.sum(-1)[valid_lens > 0], torch.ones(1)),
-        "masked = 0": bool(w[~keep].eq(0).all()),
-        "no NaN": not any(t.isnan().any() for t in (out, w, q.grad, k.grad, v.grad)),
-        "= F.sdpa": torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=keep), atol=1e-5),
-    }
-    return {column for column, ok in passes.items() if not ok}
 
 
 @friendly

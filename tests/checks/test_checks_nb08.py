@@ -216,3 +216,41 @@ def test_malformed_predictions_are_reported():
 def test_a_forward_patched_after_a_minus_inf_fill_is_caught_by_its_gradients():
     """nan_to_num after a -inf softmax gives the right outputs and weights, but NaN in the gradients (section 8)."""
     fails_with(make_attention(fill="-inf-patched"), "the outputs are right but the gradients hold NaN", "finfo")
+
+
+# Section 12: the versions the lesson's smoke table runs, and the rows it prints (the committed table).
+SECTION_12_FAILURES = {
+    "b11k_mask": set(),
+    "package_masked_softmax": set(),
+    "folded_repeat_interleave": set(),
+    "bk_mask": {"runs"},
+    "kt_wrong_axes": {"runs"},
+    "inverted_mask": {"rows sum to 1", "masked = 0", "= F.sdpa"},
+    "softmax_over_queries": {"rows sum to 1", "masked = 0", "= F.sdpa"},
+    "folded_repeat": {"rows sum to 1", "masked = 0", "= F.sdpa"},
+    "no_scale": {"= F.sdpa"},
+    "scaled_twice": {"= F.sdpa"},
+    "fill_minus_inf": {"masked = 0", "no NaN", "= F.sdpa"},
+    "fill_minus_1e9": {"masked = 0", "= F.sdpa"},
+}
+
+
+def test_each_section_12_version_fails_the_smoke_checks_of_its_bug():
+    from mha_tutorial.checks import nb08_smoke
+
+    assert {name: nb08_smoke.smoke_failures(getattr(nb08_smoke, name)) for name in SECTION_12_FAILURES} == (
+        SECTION_12_FAILURES
+    )
+
+
+def test_print_table_runs_the_given_test_and_marks_checks_not_run(capsys):
+    from mha_tutorial.checks import nb08_smoke
+
+    def test(fn):  # a stand-in smoke test: every check passes for fn = True; fn = False "raised"
+        return dict.fromkeys(nb08_smoke.SMOKE_COLUMNS, True) if fn else {"runs": False}
+
+    nb08_smoke.print_table({"fine": True, "raises": False}, test)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["version", "runs"]
+    assert lines[1].split() == ["fine", "ok", "ok", "ok", "ok", "ok"]
+    assert lines[2].split() == ["raises", "FAIL", "-", "-", "-", "-"]
