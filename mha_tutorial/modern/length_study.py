@@ -15,9 +15,8 @@ the same offsets, at unseen *positions*).
 ``python -m mha_tutorial.modern.length_study`` trains ``len(SEEDS)`` models per position (a few minutes on a 2-core CPU),
 writes one row per (position, seed, run length, start) to ``STUDY_PATH`` -- the per-token accuracy over the repeated
 letters of ``EVAL_EXAMPLES`` held-out runs -- and saves the seed-0 models beside the series' checkpoints. Notebook 12
-loads those models, sums up the shipped rows (``results_table``, ``mean_by_length``, ``same_at_every_start``) and
-probes the seed-0 models (``rows_with_gradient``, ``distance_back``, ``accuracy_at_bases``);
-tests/experiments/test_length_study.py recomputes rows live.
+loads those models, scores them live against the shipped seed-0 rows, and reads the shipped rows of all seeds
+(``read_study``, ``same_at_every_start``, ``plot_study``); tests/experiments/test_length_study.py recomputes rows live.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import argparse
 import string
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
@@ -115,66 +113,6 @@ def accuracy_by_length(
         logits = model(batch.tgt_in, positions=positions)  # (n, T, V)
         hits = logits.argmax(-1)[batch.loss_mask] == batch.tgt_out[batch.loss_mask]  # the positions that count
         out[run] = hits.sum().item() / hits.numel()  # a fraction of counted letters, exactly
-    return out
-
-
-class DistanceBack(NamedTuple):
-    """Where a model's predictions come from: ``share[k]`` is the fraction of all ``total`` predictions whose letter
-    last appeared k positions before the query (k = 0: the query's own token); ``right``: the fraction correct."""
-
-    share: torch.Tensor
-    right: float
-    total: int
-
-
-@torch.no_grad()
-def distance_back(model, runs, n: int = EVAL_EXAMPLES, seed: int = EVAL_SEED) -> DistanceBack:
-    """For the study's held-out runs of each length in ``runs`` (drawn as ``accuracy_by_length`` draws them): how far
-    back each predicted letter last appeared, at or before the query. Letters never seen count in no ``share``."""
-    device = next(model.parameters()).device
-    back, right, total = torch.zeros(MAX_LEN, dtype=torch.long), 0, 0
-    for run in runs:
-        task = LongInductionTask(run, run)
-        batch = task.collate(task.sample(n, seed + run, heldout=True), device)  # tgt_in (n, 2L)
-        queries = torch.arange(run, 2 * run - 1, device=device)  # (L - 1,): the scored positions L..2L-2
-        keys = torch.arange(2 * run, device=device)  # (2L,)
-        guess = model(batch.tgt_in).argmax(-1)[:, queries]  # (n, L - 1): the predicted letters
-        right += (guess == batch.tgt_out[:, queries]).sum().item()
-        seen = (batch.tgt_in[:, None, :] == guess[..., None]) & (keys <= queries[:, None])  # (n, L - 1, 2L)
-        last = torch.where(seen, keys, -1).amax(-1)  # (n, L - 1): where the guess last appeared; -1: nowhere
-        back += torch.bincount((queries - last)[last >= 0], minlength=MAX_LEN).cpu()  # (MAX_LEN,)
-        total += guess.numel()
-    return DistanceBack(back / total, right / total, total)
-
-
-def rows_with_gradient(model, seed: int = 0) -> torch.Tensor:
-    """The rows of a learned position table that training's first batch (drawn with ``seed``) gives a nonzero
-    gradient, as a (k,) tensor of row indices. Training pads every batch to 2 * TRAIN_RUNS[1] tokens, so no row past
-    that can get one."""
-    table = model.embedding.position.weight  # (MAX_LEN, D)
-    batch = LongInductionTask().make_batch(SETTINGS.batch_size, torch.Generator().manual_seed(seed), table.device)
-    logits = model(batch.tgt_in)  # (B, T, V)
-    loss = torch.nn.functional.cross_entropy(logits[batch.loss_mask], batch.tgt_out[batch.loss_mask])  # training's
-    (grad,) = torch.autograd.grad(loss, table)  # (MAX_LEN, D)
-    return (grad != 0).any(-1).nonzero().flatten()
-
-
-def accuracy_at_bases(model, bases, runs=TEST_RUNS, n: int = EVAL_EXAMPLES) -> dict[float, dict[int, float]]:
-    """{base: ``accuracy_by_length``} of a rotary model with every layer's ``rope_base`` set to each base in turn,
-    without retraining; the model's own bases are put back afterwards, also on an error."""
-    layers = [attn for _, attn in model.attention_layers()]
-    trained = [attn.rope_base for attn in layers]
-    if None in trained:
-        raise ValueError("accuracy_at_bases needs a rotary model (rope_base set in every attention layer)")
-    out = {}
-    try:
-        for base in bases:
-            for attn in layers:
-                attn.rope_base = float(base)
-            out[base] = accuracy_by_length(model, runs, n=n)
-    finally:
-        for attn, base in zip(layers, trained, strict=True):
-            attn.rope_base = base
     return out
 
 
@@ -284,25 +222,11 @@ def table(study, columns):
     return pd.DataFrame.from_dict(cells, orient="index").rename_axis("position")
 
 
-def results_table(study):
-    """The study's table: one row per test (the trained lengths at each start, then longer runs from start 0 in
-    bands), one column per position, each entry ``mean [min, max]`` over the seeds."""
-    rows = {f"start {s}": f"runs 3-8, start {s}" for s in STARTS}
-    rows |= {band: f"runs {band}, start 0" for band in list(BANDS)[1:]}
-    return table(study, list(rows)).T.rename(index=rows).rename_axis(columns=None)
-
-
 def same_at_every_start(study, position: str) -> bool:
     """Whether every seed of ``position`` scores each trained run length exactly as at start 0 at every start."""
     rows = study[(study.position == position) & study.run.between(*TRAIN_RUNS)]
     by_start = rows.pivot_table("accuracy", ["seed", "run"], "start")  # one row per (seed, run), a column per start
     return all(by_start[start].equals(by_start[0]) for start in STARTS[1:])
-
-
-def mean_by_length(study, runs):
-    """The seeds' mean accuracy from start 0: a DataFrame with one row per position, one column per run length."""
-    rows = study[(study.start == 0) & study.run.isin(list(runs))]
-    return rows.pivot_table("accuracy", "position", "run", aggfunc="mean").reindex(list(study.position.unique()))
 
 
 def plot_study(study, live=None):

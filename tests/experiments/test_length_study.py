@@ -112,17 +112,6 @@ def test_the_batches_and_positions_follow_the_models_device(models, monkeypatch)
     assert sent == [next(model.parameters()).device] * 2
 
 
-def test_results_table_and_mean_by_length_sum_up_the_rows(study):
-    table = ls.results_table(study)
-    assert list(table.columns) == list(ls.POSITIONS)
-    assert table.loc["runs 9-12, start 0", "rope"] == ls.table(study, ["9-12"]).loc["rope", "9-12"]
-    assert table.loc["runs 3-8, start 24", "learned"] == ls.table(study, ["start 24"]).loc["learned", "start 24"]
-    means = ls.mean_by_length(study, range(9, 12))
-    assert list(means.index) == list(ls.POSITIONS) and list(means.columns) == [9, 10, 11]
-    rows = study[(study.position == "sinusoidal") & (study.start == 0) & (study.run == 10)]
-    assert means.loc["sinusoidal", 10] == pytest.approx(rows.accuracy.mean(), abs=1e-12)
-
-
 def test_same_at_every_start_tells_the_rotary_scores_from_the_learned_ones(study):
     assert ls.same_at_every_start(study, "rope")
     assert not ls.same_at_every_start(study, "learned")
@@ -131,44 +120,3 @@ def test_same_at_every_start_tells_the_rotary_scores_from_the_learned_ones(study
         0.01
     )
     assert not ls.same_at_every_start(moved, "rope")
-
-
-def test_distance_back_equals_a_plain_loop(models):
-    model, run, n = models["rope"], 15, 6
-    back = ls.distance_back(model, (run,), n=n)
-    task = ls.LongInductionTask(run, run)
-    counts, right = torch.zeros(ls.MAX_LEN), 0
-    with torch.no_grad():
-        for (seq,) in task.sample(n, ls.EVAL_SEED + run, heldout=True):
-            ids = [task.tgt_stoi[c] for c in seq]
-            guesses = model(torch.tensor([ids]))[0].argmax(-1)  # (2L,)
-            for p in range(run, 2 * run - 1):
-                g = int(guesses[p])
-                right += g == ids[p + 1]
-                earlier = [j for j in range(p + 1) if ids[j] == g]
-                if earlier:
-                    counts[p - earlier[-1]] += 1
-    total = n * (run - 1)
-    assert back.total == total and back.right == pytest.approx(right / total)
-    assert torch.allclose(back.share, counts / total)
-    assert back.right == pytest.approx(ls.accuracy_by_length(model, (run,), n=n)[run])
-
-
-def test_rows_with_gradient_stop_where_training_batches_end(models):
-    rows = ls.rows_with_gradient(models["learned"])
-    assert rows.tolist() == list(range(15))  # scored queries at positions <= 2 * 8 - 2 = 14
-
-
-def test_accuracy_at_bases_puts_the_trained_base_back(models):
-    model = models["rope"]
-    layers = [attn for _, attn in model.attention_layers()]
-    trained = [attn.rope_base for attn in layers]
-    acc = ls.accuracy_at_bases(model, (trained[0], 1e6), runs=(4, 12), n=20)
-    assert acc[trained[0]] == ls.accuracy_by_length(model, (4, 12), n=20)
-    assert acc[1e6] != acc[trained[0]]
-    assert [attn.rope_base for attn in layers] == trained
-    with pytest.raises(ValueError):
-        ls.accuracy_at_bases(model, (1e5,), runs=(1,), n=2)  # a bad run length fails mid-sweep
-    assert [attn.rope_base for attn in layers] == trained
-    with pytest.raises(ValueError, match="rotary model"):
-        ls.accuracy_at_bases(models["learned"], (1e5,))
