@@ -5,7 +5,8 @@
 - ``plot_layer_head_map``: one number per (layer, head), such as the sink score, on a 0-1 colour scale;
 - ``plot_importance``: the perplexity rise per head and per K/V group, on a log colour scale (grey: negative);
 - ``plot_pruning_curves`` and ``curve_table``: perplexity as units are switched off, beside random orders;
-- ``plot_cost_scatter``: each head's perplexity rise against a pattern score, coloured by layer;
+- ``plot_cost_scatter``: each head's perplexity rise against a pattern score, with the pattern set's threshold,
+  median and random band;
 - ``visible``: token pieces made visible on an axis (spaces and newlines drawn as ␣ and ↵).
 
 Every function takes CPU tensors or nested lists and returns the matplotlib figure; nothing here runs the model.
@@ -161,21 +162,33 @@ def curve_table(curve: dict, unit: str, total: int) -> str:
     return "\n".join(lines)
 
 
-def plot_cost_scatter(scores: dict, rise, marked: Sequence[tuple[int, int]] = ()):
-    """Each head's rise (L, H) against each pattern score in ``scores`` ({name: (L, H)}), one panel per score,
-    coloured by layer, the heads ``marked`` [(layer, head)] named; y on a symlog axis, linear within +-0.1."""
+def plot_cost_scatter(tests: dict, rise, marked: Sequence[tuple[int, int]] = (), top: float = 1.5):
+    """Each head's rise (L, H) against each pattern score, one panel per entry of ``tests``: {name: (score (L, H),
+    threshold, the set's median, band low, band high)}. A dotted line at the threshold (the set: every head right
+    of it), the random band in orange and the set's median in red across the set; dots coloured by layer, rises
+    above ``top`` drawn at ``top`` as triangles, the heads ``marked`` [(layer, head)] named. Linear y axis."""
     rise = torch.as_tensor(rise).float().cpu()
     L, H = rise.shape
     plt = _plt()
-    fig, axes = plt.subplots(1, len(scores), figsize=(9, 3.6), sharey=True, layout="constrained", squeeze=False)
-    for ax, (name, score) in zip(axes[0], scores.items(), strict=True):
+    fig, axes = plt.subplots(1, len(tests), figsize=(9.5, 4.2), sharey=True, layout="constrained", squeeze=False)
+    layer_of, y = torch.arange(L).repeat_interleave(H), rise.flatten()  # (L*H,) each
+    over, colour = y > top, {"cmap": "viridis", "vmin": 0, "vmax": L - 1}
+    for ax, (name, (score, threshold, median, lo, hi)) in zip(axes[0], tests.items(), strict=True):
         score = torch.as_tensor(score).float().cpu()
-        dots = ax.scatter(score.flatten(), rise.flatten(), c=torch.arange(L).repeat_interleave(H), cmap="viridis", s=14)
+        x = score.flatten()  # (L*H,)
+        dots = ax.scatter(x[~over], y[~over], c=layer_of[~over], s=14, **colour)
+        ax.scatter(x[over], torch.full((int(over.sum()),), top), c=layer_of[over], s=30, marker="^", **colour)
+        ax.axvline(threshold, color="black", linestyle=":", linewidth=1)
+        ax.fill_between([threshold, 1], lo, hi, color="tab:orange", alpha=0.35, linewidth=0, label="random band")
+        ax.plot([threshold, 1], [median, median], color="tab:red", linewidth=2, label="the set's median")
+        ax.axhline(0, color="grey", linewidth=0.5)
         for layer, head in marked:
-            xy = (float(score[layer, head]), float(rise[layer, head]))
-            ax.annotate(f"L{layer} H{head}", xy, fontsize=8, xytext=(4, 2), textcoords="offset points")
-        ax.set(xlabel=name, xlim=(0, 1))
-        ax.set_yscale("symlog", linthresh=0.1)
-    axes[0, 0].set_ylabel("perplexity rise, one head off\n(log scale; linear within ±0.1)")
+            y_mark = min(float(rise[layer, head]), top)
+            offset = (4, -11 if y_mark == top else 3)
+            ax.annotate(f"L{layer} H{head}", (float(score[layer, head]), y_mark), fontsize=8, xytext=offset,
+                        textcoords="offset points")  # fmt: skip
+        ax.set(xlabel=f"{name}, first held-out topic (set: > {threshold})", xlim=(0, 1), ylim=(-0.4, top + 0.1))
+    axes[0, 0].set_ylabel(f"perplexity rise, one head off\n(▲: above {top}, drawn at {top})")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=2)
     fig.colorbar(dots, ax=axes, label="layer")
     return fig

@@ -99,11 +99,22 @@ def test_curve_table_prints_each_count_with_the_random_range():
     assert lines[2] == "  2 of 4 |     12.00 |     15.00 - 20.00"
 
 
-def test_cost_scatter_names_the_marked_heads_and_colours_by_layer():
-    rise = torch.tensor([[0.0, 5.0], [0.2, -0.1]])
-    fig = figs.plot_cost_scatter({"sink score": torch.rand(2, 2), "previous": torch.rand(2, 2)}, rise, [(0, 1)])
-    assert [t.get_text() for t in fig.axes[0].texts] == ["L0 H1"]
-    assert fig.axes[0].get_yscale() == "symlog"
+def test_cost_scatter_draws_threshold_band_median_and_clips_high_rises():
+    rise = torch.tensor([[0.0, 5.0], [0.2, -0.1]])  # (L, H): 5.0 lies above top = 1.5
+    score = torch.tensor([[0.1, 0.9], [0.6, 0.2]])
+    tests = {"sink score": (score, 0.5, 0.2, 0.1, 0.3), "previous": (score.flip(0), 0.3, 0.0, -0.1, 0.4)}
+    fig = figs.plot_cost_scatter(tests, rise, [(0, 1)])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["L0 H1"]
+    assert ax.texts[0].xy == pytest.approx((0.9, 1.5))  # the clipped head is named at the top edge
+    assert ax.get_yscale() == "linear" and ax.get_ylim()[1] == pytest.approx(1.6)
+    dots, triangles = ax.collections[0].get_offsets(), ax.collections[1].get_offsets()
+    assert len(dots) == 3 and np.allclose(triangles, [[0.9, 1.5]])
+    assert ax.lines[0].get_xdata()[0] == 0.5  # the threshold
+    median = [line for line in ax.lines if line.get_label() == "the set's median"][0]
+    assert list(median.get_ydata()) == [0.2, 0.2]
+    band = ax.collections[2].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(0.1) and band.max() == pytest.approx(0.3)
     assert colourbar_labels(fig) == ["layer"]
     plt.close(fig)
 
