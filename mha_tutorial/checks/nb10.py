@@ -86,6 +86,10 @@ def _check_merged(out, lse, outs, lses, scores, values, case):  # noqa: PLR0913 
     expect_shape(out, (scores.shape[0], values.shape[-1]), case)
     expect_shape(lse, (scores.shape[0],), case)
     if torch.isnan(out).any() or torch.isnan(lse).any():
+        if (lses.isfinite() & torch.exp(lses).isinf()).any():  # e^(L_s) overflowed: inf / inf is NaN
+            raise CheckFailed(
+                f"{case}: NaN from inf / inf. e^(L_s) overflows for large scores; subtract the largest L_s first"
+            )
         raise CheckFailed(
             f"{case}: NaN. Where every split has L_s = -inf, L_s - L is -inf - (-inf); replace an L (or maximum) of "
             "-inf by 0 before subtracting, as section 3's m_safe does, so that each weight is e^(-inf) = 0"

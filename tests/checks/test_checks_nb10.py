@@ -71,7 +71,7 @@ def test_merge_softmax_weights_with_a_guard_pass(capsys):  # another right way: 
                 (torch.exp(lses)[..., None] * outs).sum(0) / torch.exp(lses).sum(0)[:, None],
                 merge_right(outs, lses)[1],
             ),
-            "NaN",
+            "NaN from inf / inf. e^(L_s) overflows",
         ),
         (lambda outs, lses: (merge_right(outs, lses)[0], torch.logsumexp(lses, 0).nan_to_num(0.0, 0.0, 0.0)), "-inf"),
         (lambda outs, lses: merge_right(outs, lses)[0], "return a tuple (out, lse)"),
