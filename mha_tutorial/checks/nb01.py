@@ -130,8 +130,8 @@ _EXPERIMENTS = (
 def check_colleague_bugs(colleague_bugs) -> None:
     """``colleague_bugs()`` -> the set of the letters of the colleague's lines that hold a bug (Exercise 2).
 
-    A wrong answer is told whether every line it names is a bug and, only then, how many remain: never which named
-    line is right, since with five lines and three bugs that would give the others away by elimination.
+    Only a full answer of three lines gets a verdict, and a wrong one is told only that a named line is right: a
+    verdict on fewer lines (or on which line is right) would let one-letter guesses find the bugs by elimination.
     """
     case = "colleague_bugs()"
     named = call(colleague_bugs, case=case)
@@ -148,16 +148,16 @@ def check_colleague_bugs(colleague_bugs) -> None:
             f"{case}: you named {len(letters)} lines, but the colleague has {len(_COLLEAGUE_BUGS)} bugs: keep only "
             "the lines you can show to be wrong (the hint says how)"
         )
-    if letters - _COLLEAGUE_BUGS:
+    if len(letters) < len(_COLLEAGUE_BUGS):
+        raise CheckFailed(
+            f"{case}: you named {len(letters)} {'line' if len(letters) == 1 else 'lines'}; the colleague has "
+            f"{len(_COLLEAGUE_BUGS)} bugs, and only a full answer gets a verdict (a verdict on fewer lines would give "
+            f"lines away). To find them, {_EXPERIMENTS}"
+        )
+    if letters != _COLLEAGUE_BUGS:
         raise CheckFailed(
             f"{case} = {sorted(letters)}: at least one of these lines is right. Name only a line you have seen "
             f"fail: {_EXPERIMENTS}"
-        )
-    missed = len(_COLLEAGUE_BUGS - letters)
-    if missed:
-        raise CheckFailed(
-            f"{case} = {sorted(letters)}: each of these lines holds a bug, and {missed} more "
-            f"{'bug is' if missed == 1 else 'bugs are'} still to find: {_EXPERIMENTS}"
         )
     print(f"✓ check_colleague_bugs: passed: lines A, C and E hold the three bugs; {_NOT_A_BUG}")
 

@@ -164,8 +164,8 @@ def test_the_colleagues_bugs_named_pass(capsys):
     [
         ({"A", "B", "C"}, ["at least one of these lines is right", "3 queries against 5 keys"]),
         ({"A", "C", "D"}, ["at least one of these lines is right", "section 3's weights"]),
-        ({"C", "E"}, ["each of these lines holds a bug", "1 more bug is still to find"]),
-        ({"A"}, ["each of these lines holds a bug", "2 more bugs are still to find", "tau = 0.5"]),
+        ({"C", "E"}, ["you named 2 lines", "only a full answer gets a verdict"]),
+        ({"A"}, ["you named 1 line;", "only a full answer gets a verdict", "tau = 0.5"]),
         ({"A", "B", "C", "D", "E"}, ["you named 5 lines", "3 bugs"]),
         (set(), ["is empty"]),
         ({"A", "F"}, ["'F' is not a line"]),
@@ -190,6 +190,14 @@ def test_two_wrong_answers_with_the_same_size_get_the_same_message():
     first = fails_with(checks.check_colleague_bugs, lambda: {"A", "B", "D"})
     second = fails_with(checks.check_colleague_bugs, lambda: {"B", "C", "D"})
     assert first.split("]", 1)[1] == second.split("]", 1)[1]
+
+
+@pytest.mark.parametrize("first, second", [({"A"}, {"B"}), ({"C", "E"}, {"B", "D"})])
+def test_a_partial_answer_gets_the_same_message_whether_its_lines_are_bugs_or_not(first, second):
+    """One- or two-letter guesses learn nothing about their lines: a bug and a right line get the same answer."""
+    assert fails_with(checks.check_colleague_bugs, lambda: first) == fails_with(
+        checks.check_colleague_bugs, lambda: second
+    )
 
 
 def test_an_unwritten_bug_list_is_not_attempted(capsys):
